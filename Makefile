@@ -1,0 +1,39 @@
+# The two commands a new user needs: `make run` and `make test`. Each sets up what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SERVICES := scripts/services.sh
+PYTEST_ARGS ?=
+
+.PHONY: run test lint services down status venv clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+services:
+	$(SERVICES) up
+
+down:
+	$(SERVICES) down
+
+status: venv
+	$(BIN)/hashq status
+
+run: venv services
+	$(BIN)/python -m hashq.demo
+
+test: venv services
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check hashq coordinator tests
+	$(BIN)/ruff format --check hashq coordinator tests
+	$(BIN)/mypy
+
+clean: down
+	rm -rf $(VENV) .services

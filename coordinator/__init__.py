@@ -1,0 +1,1 @@
+"""The hashq coordinator: elects a leader through ZooKeeper and assigns buckets to workers."""

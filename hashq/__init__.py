@@ -1,0 +1,41 @@
+"""hashq: per-key ordered, cross-key parallel job processing on RabbitMQ and ZooKeeper."""
+
+from hashq.errors import (
+    BatchPublishError,
+    ConfigError,
+    HashqError,
+    InvalidMessage,
+    MessageNacked,
+    MessageUnroutable,
+    PublishError,
+    PublishUnconfirmed,
+    ServiceUnavailable,
+    SettingsError,
+    TopologyMismatch,
+)
+from hashq.provision import ensure_topology
+from hashq.publisher import Outgoing, Publisher
+from hashq.settings import Settings, load_settings
+from hashq.topology import Topology
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchPublishError",
+    "ConfigError",
+    "HashqError",
+    "InvalidMessage",
+    "MessageNacked",
+    "MessageUnroutable",
+    "Outgoing",
+    "PublishError",
+    "PublishUnconfirmed",
+    "Publisher",
+    "ServiceUnavailable",
+    "Settings",
+    "SettingsError",
+    "Topology",
+    "TopologyMismatch",
+    "ensure_topology",
+    "load_settings",
+]

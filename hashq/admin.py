@@ -1,0 +1,78 @@
+"""The admin commands behind ``hashq``: each takes the settings and the parsed flags and returns
+an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import IO
+
+from hashq.errors import BatchPublishError, InvalidMessage
+from hashq.jsonl import Progress, read_messages
+from hashq.provision import ensure_topology
+from hashq.publisher import Publisher
+from hashq.settings import Settings
+from hashq.status import gather_status, render_table
+
+
+async def init(settings: Settings, args: argparse.Namespace) -> int:
+    topology = await ensure_topology(settings)
+    print(
+        f"app {topology.app}: exchange {topology.exchange} with {topology.buckets} "
+        f"{topology.queue_type} bucket queues, dead letters in {topology.dead_letter_queue}: ready"
+    )
+    return 0
+
+
+async def publish(settings: Settings, args: argparse.Namespace) -> int:
+    await ensure_topology(settings, check_bindings=False)
+    progress = Progress(enabled=not args.quiet and sys.stderr.isatty())
+    failed = 0
+    stopped: InvalidMessage | None = None
+    async with Publisher(settings, max_in_flight=args.max_in_flight) as publisher:
+        with _open_input(args.file) as stream:
+            try:
+                await publisher.publish_many(read_messages(stream), on_confirmed=progress.update)
+            except BatchPublishError as exc:
+                failed = len(exc.failures)
+                for failure in exc.failures[:5]:
+                    print(f"hashq: message {failure.index + 1}: {failure.error}", file=sys.stderr)
+            except InvalidMessage as exc:
+                stopped = exc
+    progress.finish()
+    print(
+        f"published {progress.count:,} messages to hashq.{settings.app}, {failed:,} failed, "
+        f"in {progress.elapsed():.1f}s ({progress.rate():,.0f}/s)",
+        file=sys.stderr,
+    )
+    if stopped is not None:
+        raise InvalidMessage(
+            f"stopped at bad input: {stopped}; the {progress.count:,} messages confirmed before "
+            "it stay published"
+        )
+    return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _open_input(path: str) -> Iterator[IO[str]]:
+    if path == "-":
+        yield sys.stdin
+        return
+    try:
+        stream = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise InvalidMessage(f"cannot read {path}: {exc.strerror}") from None
+    with stream:
+        yield stream
+
+
+async def status(settings: Settings, args: argparse.Namespace) -> int:
+    state = await gather_status(settings)
+    if args.json:
+        print(json.dumps(state.to_json(), indent=2))
+    else:
+        print(render_table(state))
+    return 0

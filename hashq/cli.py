@@ -1,0 +1,118 @@
+"""``hashq``: the admin command (init, publish, status).
+
+Settings come from ``HASHQ_`` variables and from flags of the same names; flags win. Exit
+status: 0 done, 1 a service or a message failed, 2 bad settings, input or topology (nothing
+was changed), 130 interrupted. Errors are one line on stderr, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from hashq.errors import ConfigError, HashqError
+from hashq.settings import Settings, load_settings
+
+Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+
+def settings_flags() -> argparse.ArgumentParser:
+    """A parent parser with one flag per setting, named like it: ``buckets`` is ``--buckets`` and
+    ``HASHQ_BUCKETS``. Absent flags leave no attribute, so they may stand before or after the
+    command without one overwriting the other."""
+    parent = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    group = parent.add_argument_group("settings (each also read from HASHQ_<NAME>)")
+    for name, info in Settings.model_fields.items():
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=f"setting_{name}",
+            metavar=name.upper(),
+            help=info.description,
+        )
+    group.add_argument(
+        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO"
+    )
+    return parent
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    given: dict[str, Any] = {
+        name.removeprefix("setting_"): value
+        for name, value in vars(args).items()
+        if name.startswith("setting_") and value is not None
+    }
+    return load_settings(**given)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("hashq.kazoo").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    logging.getLogger("aio_pika").setLevel(logging.WARNING)
+    # aiormq logs each failed connect at ERROR; hashq reports it once, in one line.
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+
+
+def run_command(command: Command, args: argparse.Namespace, prog: str) -> int:
+    """Run ``command`` with settings built from ``args``; map errors to one line and a status."""
+    try:
+        settings = settings_from_args(args)
+        return asyncio.run(command(settings, args))
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except HashqError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hashq import admin
+
+    common = settings_flags()
+    parser = argparse.ArgumentParser(
+        prog="hashq",
+        description="Administer a hashq app: topology, publishing, status.",
+        parents=[common],
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, parents=[common])
+
+    init = command("init", "create the topology, or check the existing one")
+    init.set_defaults(func=admin.init)
+
+    publish = command("publish", 'publish JSON lines {"key": ..., "body": ...} from stdin or a file')
+    publish.add_argument("file", nargs="?", default="-", help="input file ('-' for stdin)")
+    publish.add_argument("--max-in-flight", type=int, default=1000)
+    publish.add_argument("--quiet", action="store_true", help="no progress line")
+    publish.set_defaults(func=admin.publish)
+
+    status = command("status", "show the topology and bucket depths")
+    status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    status.set_defaults(func=admin.status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(getattr(args, "log_level", "INFO"))
+    return run_command(args.func, args, parser.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

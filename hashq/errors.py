@@ -1,0 +1,106 @@
+"""One exception tree for hashq, grouped by what the caller can do about each error.
+
+- ``ConfigError``: fix a setting, an argument or the deployment, then run again.
+- ``ServiceUnavailable``: RabbitMQ or ZooKeeper cannot be reached now; retry later.
+- ``PublishError``: one or more messages were not confirmed; decide per message
+  (retry, which may duplicate, or give up).
+
+Every message is one line and never contains a secret.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class HashqError(Exception):
+    """Root of every error hashq raises on purpose."""
+
+
+# ---------------------------------------------------------------- fix and run again
+class ConfigError(HashqError):
+    """Raised when a setting, an argument or the deployment is wrong; nothing was changed."""
+
+
+class SettingsError(ConfigError):
+    """Raised when a ``HASHQ_`` setting or its command-line flag has a bad value."""
+
+
+class TopologyMismatch(ConfigError):
+    """Raised when RabbitMQ or ZooKeeper holds a topology that differs from the settings.
+
+    The existing topology is left untouched: bindings of a consistent-hash exchange must never
+    change once created, because that remaps keys to other buckets.
+    """
+
+
+class InvalidMessage(ConfigError, ValueError):
+    """Raised when a message cannot be published as given (empty or overlong key, bad body)."""
+
+
+# ---------------------------------------------------------------- retry later
+class ServiceUnavailable(HashqError):
+    """Raised when RabbitMQ, its management API or ZooKeeper cannot be reached or went away."""
+
+
+# ---------------------------------------------------------------- decide per message
+class PublishError(HashqError):
+    """Raised when a message was not confirmed by the broker.
+
+    ``key`` and ``message_id`` name the message affected.
+    """
+
+    def __init__(self, reason: str, *, key: str, message_id: str) -> None:
+        super().__init__(f"{reason} (key={key!r}, message_id={message_id})")
+        self.reason = reason
+        self.key = key
+        self.message_id = message_id
+
+
+class MessageNacked(PublishError):
+    """Raised when the broker refused the message (a negative publisher confirm).
+
+    The broker holds no copy; publishing again is safe.
+    """
+
+
+class MessageUnroutable(PublishError):
+    """Raised when the exchange routed the message to no queue and the broker returned it.
+
+    The broker holds no copy. It means the bucket bindings are missing: see ``hashq init``.
+    """
+
+
+class PublishUnconfirmed(PublishError):
+    """Raised when the connection or channel closed, or the confirm timed out, before the broker
+    answered.
+
+    The message may or may not be queued: publishing again is safe for order only if the
+    handler tolerates the duplicate (delivery is at-least-once anyway).
+    """
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One message of a batch that was not confirmed."""
+
+    index: int
+    error: PublishError
+
+
+class BatchPublishError(PublishError):
+    """Raised by ``publish_many`` when some messages of the batch were not confirmed.
+
+    ``failures`` lists exactly those, by their index in the batch; every other message of the
+    batch was confirmed, and ``confirmed`` holds their message ids in batch order.
+    """
+
+    def __init__(self, failures: list[Failure], confirmed: list[str]) -> None:
+        first = failures[0].error
+        reason = (
+            f"{len(failures)} of {len(failures) + len(confirmed)} messages not confirmed; "
+            f"first: {first.reason}"
+        )
+        super().__init__(reason, key=first.key, message_id=first.message_id)
+        self.failures = failures
+        self.confirmed = confirmed

@@ -1,0 +1,83 @@
+"""A small client for the RabbitMQ management HTTP API (standard library only).
+
+Used to read what AMQP cannot tell (bindings, connections), and by operators' tools to cut off
+a connection. Calls are blocking; run them with ``asyncio.to_thread`` from async code.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote
+
+from hashq.errors import ServiceUnavailable
+from hashq.settings import Settings, redact_url
+
+
+class Management:
+    """Calls to ``settings.management_url`` with the settings' credentials."""
+
+    def __init__(self, settings: Settings, timeout: float | None = None) -> None:
+        self._base = settings.management_url.rstrip("/")
+        user, password = settings.management_credentials
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._auth = f"Basic {token}"
+        self._timeout = timeout or settings.connect_timeout
+        self.vhost = settings.vhost
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        *,
+        missing_ok: bool = False,
+    ) -> Any:
+        """The decoded JSON answer to ``method path`` (``None`` when empty, or when the thing is
+        not found and ``missing_ok``)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self._base + path, data=data, method=method)
+        req.add_header("Authorization", self._auth)
+        req.add_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            req.add_header(name, value)
+        try:
+            with urllib.request.urlopen(req, timeout=self._timeout) as reply:
+                raw = reply.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404 and missing_ok:
+                return None
+            raise ServiceUnavailable(
+                f"management API {method} {path}: HTTP {exc.code} {exc.reason}"
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ServiceUnavailable(
+                f"management API at {redact_url(self._base)} cannot be reached: {reason}"
+            ) from None
+        return json.loads(raw) if raw else None
+
+    def _vhost_path(self, kind: str, name: str = "") -> str:
+        path = f"/api/{kind}/{quote(self.vhost, safe='')}"
+        return f"{path}/{quote(name, safe='')}" if name else path
+
+    def bindings_from(self, exchange: str) -> list[dict[str, Any]]:
+        """Bindings whose source is ``exchange`` (none if it does not exist)."""
+        result: list[dict[str, Any]] | None = self.request(
+            "GET", self._vhost_path("exchanges", exchange) + "/bindings/source", missing_ok=True
+        )
+        return result or []
+
+    def connections(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.request("GET", "/api/connections")
+        return result
+
+    def close_connection(self, name: str, reason: str) -> None:
+        """Force-close the connection called ``name``; its unacked messages return to queues."""
+        self.request(
+            "DELETE", f"/api/connections/{quote(name, safe='')}", headers={"X-Reason": reason}
+        )

@@ -1,0 +1,147 @@
+"""Settings: built once at the edge (CLI or caller) from ``HASHQ_`` variables and flags, then
+passed down as data. Nothing in the core reads the environment.
+
+Every field ``name`` is the variable ``HASHQ_NAME`` and the flag ``--name`` (underscores become
+dashes). A bad value raises ``SettingsError`` with one line naming the setting; URLs with
+credentials are never echoed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hashq.errors import SettingsError
+
+MAX_BUCKETS = 4096
+SECRET_FIELDS = frozenset({"amqp_url", "management_url"})
+_APP_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_ZK_HOST_PATTERN = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+class Settings(BaseSettings):
+    """Where the services are and what the app's topology is."""
+
+    model_config = SettingsConfigDict(env_prefix="HASHQ_", extra="forbid", frozen=True)
+
+    amqp_url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (amqp:// or amqps://)"
+    )
+    zk_hosts: str = Field(
+        "127.0.0.1:2181", description="ZooKeeper hosts, host:port[,host:port...][/chroot]"
+    )
+    app: str = Field("default", description="namespace: exchange hashq.<app>, ZooKeeper /hashq/<app>")
+    buckets: int = Field(64, ge=1, le=MAX_BUCKETS, description="number of bucket queues")
+    queue_type: Literal["quorum", "classic"] = Field("quorum", description="bucket queue type")
+    delivery_limit: int = Field(
+        20, ge=1, le=1000, description="quorum queues: deliveries before a message is dead-lettered"
+    )
+    management_url: str = Field(
+        "http://127.0.0.1:15672", description="RabbitMQ management API (credentials of amqp_url)"
+    )
+    connect_timeout: float = Field(10.0, gt=0, le=300, description="seconds to reach a service")
+    confirm_timeout: float = Field(
+        30.0, gt=0, le=3600, description="seconds to wait for a publisher confirm"
+    )
+    zk_session_timeout: float = Field(10.0, ge=1, le=60, description="ZooKeeper session seconds")
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _check_amqp_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("amqp", "amqps"):
+            raise ValueError("must start with amqp:// or amqps://")
+        _check_host_port(parts.hostname, value)
+        return value
+
+    @field_validator("management_url")
+    @classmethod
+    def _check_management_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError("must start with http:// or https://")
+        _check_host_port(parts.hostname, value)
+        return value.rstrip("/")
+
+    @field_validator("zk_hosts")
+    @classmethod
+    def _check_zk_hosts(cls, value: str) -> str:
+        hosts, _, chroot = value.partition("/")
+        for host in hosts.split(","):
+            if not _ZK_HOST_PATTERN.match(host.strip()):
+                raise ValueError(f"{host.strip()!r} is not host:port")
+        if chroot and not re.match(r"^[A-Za-z0-9_.\-/]+$", chroot):
+            raise ValueError("the chroot may hold only letters, digits, '_', '.', '-', '/'")
+        return value
+
+    @field_validator("app")
+    @classmethod
+    def _check_app(cls, value: str) -> str:
+        if not _APP_PATTERN.match(value):
+            raise ValueError(
+                "must be 1-63 characters of a-z, 0-9, '_' or '-', starting with a letter or digit"
+            )
+        return value
+
+    @property
+    def amqp_url_redacted(self) -> str:
+        return redact_url(self.amqp_url)
+
+    @property
+    def management_credentials(self) -> tuple[str, str]:
+        """The management API's user and password: its URL's, else the AMQP URL's."""
+        for url in (self.management_url, self.amqp_url):
+            parts = urlsplit(url)
+            if parts.username:
+                return unquote(parts.username), unquote(parts.password or "")
+        return "guest", "guest"
+
+    @property
+    def vhost(self) -> str:
+        path = urlsplit(self.amqp_url).path
+        return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def _check_host_port(hostname: str | None, url: str) -> None:
+    if not hostname:
+        raise ValueError("has no host")
+    try:
+        urlsplit(url).port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ValueError("has a bad port") from exc
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, safe for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = quote(unquote(parts.username or ""), safe="")
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from ``HASHQ_`` variables, with ``overrides`` (flags) winning; ``None`` values are
+    ignored. Raises ``SettingsError`` with one line for the first bad setting."""
+    given = {name: value for name, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    name = str(error["loc"][0]) if error["loc"] else "settings"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return f"unknown setting {name!r}"
+    shown = "" if name in SECRET_FIELDS else f" (got {error.get('input')!r})"
+    flag = "--" + name.replace("_", "-")
+    return f"setting {name} (HASHQ_{name.upper()} / {flag}): {message}{shown}"

@@ -1,0 +1,132 @@
+"""The bucket topology of one app, as plain data: names, queue arguments and the record kept in
+ZooKeeper. No I/O here; ``hashq.provision`` declares it.
+
+Layout for app ``orders`` with N buckets:
+
+- exchange ``hashq.orders`` of type ``x-consistent-hash``, durable;
+- bucket queues ``hashq.orders.b0000`` .. ``hashq.orders.b{N-1:04}``: name order is index order,
+  and each is bound with weight ``"1"`` in index order, once, at creation;
+- dead-letter exchange ``hashq.orders.dlx`` (fanout) and its queue ``hashq.orders.dead``;
+- the record ``/hashq/orders/topology`` in ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from hashq.errors import TopologyMismatch
+from hashq.settings import Settings
+
+TOPOLOGY_VERSION = 1
+BUCKET_WEIGHT = "1"  # the consistent-hash exchange reads a binding's routing key as its weight
+
+QueueType = Literal["quorum", "classic"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What an app's exchange, queues and ZooKeeper nodes are called and how they are declared."""
+
+    app: str
+    buckets: int
+    queue_type: QueueType
+    delivery_limit: int
+    version: int = TOPOLOGY_VERSION
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Topology:
+        return cls(
+            app=settings.app,
+            buckets=settings.buckets,
+            queue_type=settings.queue_type,
+            delivery_limit=settings.delivery_limit,
+        )
+
+    # ------------------------------------------------------------ names
+    @property
+    def exchange(self) -> str:
+        return f"hashq.{self.app}"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"hashq.{self.app}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"hashq.{self.app}.dead"
+
+    def bucket_queue(self, index: int) -> str:
+        if not 0 <= index < self.buckets:
+            raise IndexError(f"bucket {index} out of range 0..{self.buckets - 1}")
+        return f"hashq.{self.app}.b{index:04d}"
+
+    def bucket_queues(self) -> list[str]:
+        return [self.bucket_queue(index) for index in range(self.buckets)]
+
+    def bucket_of_queue(self, name: str) -> int:
+        prefix = f"hashq.{self.app}.b"
+        if not name.startswith(prefix) or not name[len(prefix) :].isdigit():
+            raise ValueError(f"{name!r} is not a bucket queue of app {self.app!r}")
+        return int(name[len(prefix) :])
+
+    @property
+    def zk_root(self) -> str:
+        return f"/hashq/{self.app}"
+
+    @property
+    def zk_topology(self) -> str:
+        return f"{self.zk_root}/topology"
+
+    # ------------------------------------------------------------ declarations
+    def bucket_arguments(self) -> dict[str, Any]:
+        """Arguments of every bucket queue. They cannot change after creation."""
+        arguments: dict[str, Any] = {
+            "x-queue-type": self.queue_type,
+            "x-single-active-consumer": True,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+        }
+        if self.queue_type == "quorum":
+            # A message that keeps killing its consumer is dead-lettered instead of looping.
+            arguments["x-delivery-limit"] = self.delivery_limit
+            # At-least-once dead-lettering needs reject-publish overflow; without it, a
+            # dead-lettered message can be lost if the broker fails at that moment.
+            arguments["x-dead-letter-strategy"] = "at-least-once"
+            arguments["x-overflow"] = "reject-publish"
+        return arguments
+
+    def dead_letter_arguments(self) -> dict[str, Any]:
+        return {"x-queue-type": self.queue_type}
+
+    # ------------------------------------------------------------ the ZooKeeper record
+    def to_record(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_record(cls, data: bytes) -> Topology:
+        try:
+            fields = json.loads(data)
+            return cls(**fields)
+        except (ValueError, TypeError) as exc:
+            raise TopologyMismatch(f"unreadable topology record in ZooKeeper: {exc}") from None
+
+    def differences(self, other: Topology) -> list[str]:
+        """Human-readable ``field: ours vs theirs`` for every field that differs."""
+        ours, theirs = asdict(self), asdict(other)
+        return [f"{name} {ours[name]!r} vs {theirs[name]!r}" for name in ours if ours[name] != theirs[name]]
+
+    def require_same(self, recorded: Topology) -> None:
+        """Raise ``TopologyMismatch`` unless ``recorded`` (what exists) equals these settings."""
+        if recorded.version > TOPOLOGY_VERSION:
+            raise TopologyMismatch(
+                f"app {self.app!r} has topology version {recorded.version}; this hashq "
+                f"understands up to {TOPOLOGY_VERSION}: upgrade hashq"
+            )
+        diffs = self.differences(recorded)
+        if diffs:
+            raise TopologyMismatch(
+                f"app {self.app!r} already exists with another topology (settings vs existing: "
+                f"{'; '.join(diffs)}); it was left untouched: use the existing settings or "
+                "another HASHQ_APP"
+            )

@@ -1,0 +1,98 @@
+"""Fixtures: real RabbitMQ and ZooKeeper for every integration test, each test in its own
+RabbitMQ vhost and its own ZooKeeper root, so tests cannot see each other."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import quote
+
+import pytest
+from kazoo.client import KazooClient
+
+from hashq.management import Management
+from hashq.settings import Settings
+from tests.helpers import open_zk
+from tests.services import Endpoints, find_endpoints
+
+
+@pytest.fixture(scope="session")
+def endpoints() -> Iterator[Endpoints]:
+    found = find_endpoints()
+    if found is None:
+        message = (
+            "no RabbitMQ and ZooKeeper: set HASHQ_TEST_AMQP_URL and HASHQ_TEST_ZK_HOSTS, "
+            "start a Docker engine, or let scripts/services.sh install them (as root)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    yield found
+    if found.cleanup is not None:
+        found.cleanup()
+
+
+@pytest.fixture
+def vhost(endpoints: Endpoints) -> Iterator[str]:
+    """A fresh vhost that the test's user may use, deleted afterwards."""
+    name = f"hashq-test-{uuid.uuid4().hex[:10]}"
+    admin = _admin(endpoints)
+    admin.request("PUT", f"/api/vhosts/{quote(name, safe='')}", {})
+    user = admin_user(endpoints)
+    admin.request(
+        "PUT",
+        f"/api/permissions/{quote(name, safe='')}/{quote(user, safe='')}",
+        {"configure": ".*", "write": ".*", "read": ".*"},
+    )
+    yield name
+    admin.request("DELETE", f"/api/vhosts/{quote(name, safe='')}", missing_ok=True)
+
+
+@pytest.fixture
+def zk_root(endpoints: Endpoints) -> Iterator[str]:
+    """A fresh ZooKeeper path used as chroot, deleted afterwards."""
+    root = f"/hashq-tests/{uuid.uuid4().hex[:10]}"
+    client: KazooClient = open_zk(endpoints.zk_hosts)
+    try:
+        client.ensure_path(root)
+        yield root
+        client.delete(root, recursive=True)
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def settings(endpoints: Endpoints, vhost: str, zk_root: str) -> Settings:
+    return Settings(
+        amqp_url=endpoints.amqp_url + quote(vhost, safe=""),
+        zk_hosts=endpoints.zk_hosts + zk_root,
+        management_url=endpoints.management_url,
+        app="t",
+        buckets=8,
+        queue_type="quorum",
+        connect_timeout=10,
+    )
+
+
+@pytest.fixture
+def management(settings: Settings) -> Management:
+    return Management(settings)
+
+
+@pytest.fixture
+async def initialized(settings: Settings) -> AsyncIterator[Settings]:
+    """``settings`` whose topology has been created."""
+    from hashq.provision import ensure_topology
+
+    await ensure_topology(settings)
+    yield settings
+
+
+def _admin(endpoints: Endpoints) -> Management:
+    return Management(Settings(amqp_url=endpoints.amqp_url, management_url=endpoints.management_url))
+
+
+def admin_user(endpoints: Endpoints) -> str:
+    return Settings(amqp_url=endpoints.amqp_url).management_credentials[0]

@@ -1,0 +1,201 @@
+"""The confirmed publisher against a real broker: every outcome explicit, nothing lost silently."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import quote
+
+import pytest
+
+from hashq.amqp import connect_amqp
+from hashq.errors import (
+    BatchPublishError,
+    InvalidMessage,
+    MessageNacked,
+    MessageUnroutable,
+    PublishUnconfirmed,
+    TopologyMismatch,
+)
+from hashq.management import Management
+from hashq.provision import ensure_topology
+from hashq.publisher import Outgoing, Publisher
+from hashq.settings import Settings
+from hashq.topology import Topology
+from tests.helpers import close_connection_named, drain, key_buckets, wait_for_connection
+
+
+async def test_confirmed_message_is_in_its_bucket_with_its_properties(initialized: Settings) -> None:
+    async with Publisher(initialized) as publisher:
+        message_id = await publisher.publish(
+            "user-1", b"hello", headers={"trace": "abc"}, message_id="m-1"
+        )
+    assert message_id == "m-1"
+    found = [
+        message
+        for name in Topology.from_settings(initialized).bucket_queues()
+        for message in await drain(initialized, name)
+    ]
+    assert len(found) == 1
+    (message,) = found
+    assert message.routing_key == "user-1"
+    assert message.body == b"hello"
+    assert message.headers["trace"] == "abc"
+    assert message.message_id == "m-1"
+    assert message.delivery_mode == 2  # persistent
+
+
+async def test_one_key_stays_in_one_bucket_in_publish_order(initialized: Settings) -> None:
+    messages = [Outgoing(f"user-{n % 50}", f"{n}".encode()) for n in range(2000)]
+    async with Publisher(initialized, max_in_flight=200) as publisher:
+        ids = await publisher.publish_many(messages)
+    assert len(ids) == len(set(ids)) == 2000
+    per_key: dict[str, list[int]] = {}
+    buckets: dict[str, int] = {}
+    for index, name in enumerate(Topology.from_settings(initialized).bucket_queues()):
+        for message in await drain(initialized, name):
+            assert message.routing_key is not None
+            assert buckets.setdefault(message.routing_key, index) == index
+            per_key.setdefault(message.routing_key, []).append(int(message.body))
+    assert sum(len(seq) for seq in per_key.values()) == 2000
+    for sequence in per_key.values():
+        assert sequence == sorted(sequence)
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "é" * 128])
+async def test_bad_keys_are_refused_before_sending(initialized: Settings, key: str) -> None:
+    async with Publisher(initialized) as publisher:
+        with pytest.raises(InvalidMessage, match="key"):
+            await publisher.publish(key, b"body")
+    assert sum((await key_buckets(initialized)).values()) == 0
+
+
+async def test_publishing_without_topology_says_run_init(settings: Settings) -> None:
+    with pytest.raises(TopologyMismatch, match="hashq init"):
+        async with Publisher(settings):
+            pass
+
+
+async def test_unroutable_messages_raise_for_each(initialized: Settings) -> None:
+    connection = await connect_amqp(initialized, "test-unbind")
+    async with connection:
+        channel = await connection.channel()
+        for name in Topology.from_settings(initialized).bucket_queues():
+            queue = await channel.declare_queue(name, passive=True)
+            await queue.unbind("hashq.t", routing_key="1")
+    async with Publisher(initialized) as publisher:
+        with pytest.raises(MessageUnroutable, match="routed the message to no queue"):
+            await publisher.publish("user-1", b"x")
+        with pytest.raises(BatchPublishError) as caught:
+            await publisher.publish_many(Outgoing(f"k{n}", b"x") for n in range(10))
+    assert [failure.index for failure in caught.value.failures] == list(range(10))
+    assert all(isinstance(f.error, MessageUnroutable) for f in caught.value.failures)
+    assert caught.value.confirmed == []
+
+
+def _reject_publish_policy(management: Management, pattern: str) -> None:
+    management.request(
+        "PUT",
+        f"/api/policies/{quote(management.vhost, safe='')}/full",
+        {
+            "pattern": pattern,
+            "apply-to": "queues",
+            "definition": {"max-length": 0, "overflow": "reject-publish"},
+        },
+    )
+
+
+async def _wait_until_nacked(publisher: Publisher) -> None:
+    # A policy reaches the queue asynchronously; probe until it bites.
+    for attempt in range(100):
+        try:
+            await publisher.publish("probe", b"x", message_id=f"probe-{attempt}")
+        except MessageNacked:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("policy never applied")
+
+
+@pytest.fixture
+async def classic(settings: Settings) -> Settings:
+    """Classic bucket queues: with max-length 0 they refuse every publish, while quorum queues
+    accept one message past the limit before they refuse."""
+    classic = settings.model_copy(update={"queue_type": "classic"})
+    await ensure_topology(classic)
+    return classic
+
+
+async def test_nacked_message_raises(classic: Settings, management: Management) -> None:
+    _reject_publish_policy(management, r"^hashq\.t\.b")
+    async with Publisher(classic) as publisher:
+        await _wait_until_nacked(publisher)
+        with pytest.raises(MessageNacked, match="refused") as caught:
+            await publisher.publish("user-7", b"x", message_id="nacked-1")
+    assert caught.value.message_id == "nacked-1"
+    assert caught.value.key == "user-7"
+
+
+async def test_batch_reports_exactly_the_nacked_messages(
+    classic: Settings, management: Management
+) -> None:
+    initialized = classic
+    probe_bucket = await _bucket_of(initialized, "probe")
+    _reject_publish_policy(management, rf"^hashq\.t\.b{probe_bucket:04d}$")
+    keys = [f"user-{n}" for n in range(400)]
+    async with Publisher(initialized) as publisher:
+        await _wait_until_nacked(publisher)
+        with pytest.raises(BatchPublishError) as caught:
+            await publisher.publish_many(Outgoing(key, b"x", message_id=key) for key in keys)
+    failed = {keys[failure.index] for failure in caught.value.failures}
+    queued = set(await key_buckets(initialized))
+    assert failed and queued
+    assert set(caught.value.confirmed) == queued
+    assert failed | queued == set(keys)
+    assert not failed & queued
+    assert all(isinstance(f.error, MessageNacked) for f in caught.value.failures)
+
+
+async def _bucket_of(settings: Settings, key: str) -> int:
+    async with Publisher(settings) as publisher:
+        await publisher.publish(key, b"x")
+    return (await key_buckets(settings))[key]
+
+
+async def test_connection_dropped_mid_batch(initialized: Settings, management: Management) -> None:
+    """Everything reported confirmed is queued; everything else is reported failed."""
+    total = 30_000
+    confirmed_so_far = asyncio.Event()
+
+    def on_confirmed(count: int) -> None:
+        if count >= 2_000:
+            confirmed_so_far.set()
+
+    publisher = Publisher(initialized)
+    await publisher.connect()
+    await wait_for_connection(management, publisher.connection_name)
+    batch = asyncio.ensure_future(
+        publisher.publish_many(
+            (Outgoing(f"user-{n % 997}", b"x", message_id=str(n)) for n in range(total)),
+            on_confirmed=on_confirmed,
+        )
+    )
+    await asyncio.wait_for(confirmed_so_far.wait(), 60)
+    await close_connection_named(management, publisher.connection_name)
+    with pytest.raises(BatchPublishError) as caught:
+        await batch
+
+    failures = caught.value.failures
+    confirmed = set(caught.value.confirmed)
+    assert failures, "the batch should not have finished before the connection was closed"
+    assert len(confirmed) + len(failures) == total
+    assert all(isinstance(f.error, PublishUnconfirmed) for f in failures)
+    queued_ids = {
+        message.message_id
+        for name in Topology.from_settings(initialized).bucket_queues()
+        for message in await drain(initialized, name)
+    }
+    assert confirmed <= queued_ids, "a message reported confirmed is missing from the queues"
+
+    # The same publisher opens a new connection for the next message.
+    await publisher.publish("after", b"x", message_id="after")
+    await publisher.close()
+    assert "after" in await key_buckets(initialized)

@@ -1,0 +1,86 @@
+"""Settings: defaults, environment, flags, and one-line errors that never show a secret."""
+
+from __future__ import annotations
+
+import pytest
+
+from hashq.errors import SettingsError
+from hashq.settings import load_settings, redact_url
+
+
+def test_defaults_are_valid() -> None:
+    settings = load_settings()
+    assert settings.buckets == 64
+    assert settings.queue_type == "quorum"
+    assert settings.app == "default"
+
+
+def test_environment_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HASHQ_BUCKETS", "16")
+    monkeypatch.setenv("HASHQ_APP", "orders")
+    assert load_settings().buckets == 16
+    assert load_settings(buckets="32").buckets == 32
+    assert load_settings(buckets=None).buckets == 16
+    assert load_settings().app == "orders"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("buckets", "0", "greater than or equal to 1"),
+        ("buckets", "5000", "less than or equal to 4096"),
+        ("buckets", "many", "valid integer"),
+        ("queue_type", "stream", "'quorum' or 'classic'"),
+        ("amqp_url", "http://127.0.0.1/", "amqp://"),
+        ("amqp_url", "amqp://", "no host"),
+        ("amqp_url", "amqp://h:99999/", "bad port"),
+        ("management_url", "ftp://h", "http://"),
+        ("zk_hosts", "localhost", "not host:port"),
+        ("zk_hosts", "a:1,b", "not host:port"),
+        ("app", "Bad App", "a-z"),
+        ("app", "", "a-z"),
+        ("delivery_limit", "0", "greater than or equal to 1"),
+        ("connect_timeout", "-1", "greater than 0"),
+    ],
+)
+def test_bad_value_names_the_setting_in_one_line(field: str, value: str, expected: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(**{field: value})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"HASHQ_{field.upper()}" in message
+    assert "--" + field.replace("_", "-") in message
+    assert expected in message
+
+
+def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HASHQ_QUEUE_TYPE", "lazy")
+    with pytest.raises(SettingsError, match="HASHQ_QUEUE_TYPE"):
+        load_settings()
+
+
+def test_unknown_setting_is_refused() -> None:
+    with pytest.raises(SettingsError, match="unknown setting 'bukets'"):
+        load_settings(bukets=3)
+
+
+def test_secrets_never_appear_in_errors() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(amqp_url="amqp://user:s3cret@host:notaport/")
+    assert "s3cret" not in str(caught.value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings(management_url="gopher://user:s3cret@host")
+    assert "s3cret" not in str(caught.value)
+
+
+def test_redacted_url_hides_only_the_password() -> None:
+    assert redact_url("amqp://u:p%40ss@host:5672/v") == "amqp://u:***@host:5672/v"
+    assert redact_url("amqp://host/") == "amqp://host/"
+    assert "p@ss" not in load_settings(amqp_url="amqp://u:p%40ss@h:1/").amqp_url_redacted
+
+
+def test_vhost_and_management_credentials_come_from_the_amqp_url() -> None:
+    settings = load_settings(amqp_url="amqp://alice:pw@h:5672/my%2Fvhost")
+    assert settings.vhost == "my/vhost"
+    assert settings.management_credentials == ("alice", "pw")
+    assert load_settings(amqp_url="amqp://h:5672").vhost == "/"

@@ -36,12 +36,14 @@ async def connect_amqp(settings: Settings, name: str) -> AbstractConnection:
         )
     except ProbableAuthenticationError:
         raise ServiceUnavailable(f"RabbitMQ at {where} refused the credentials") from None
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         raise ServiceUnavailable(
             f"RabbitMQ at {where} did not answer within {settings.connect_timeout:g}s"
         ) from None
     except (AMQPConnectionError, OSError) as exc:
-        raise ServiceUnavailable(f"RabbitMQ at {where} cannot be reached: {_first_line(exc)}") from None
+        raise ServiceUnavailable(
+            f"RabbitMQ at {where} cannot be reached: {_first_line(exc)}"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -11,13 +11,13 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from hashq.errors import ConfigError, HashqError
 from hashq.settings import Settings, load_settings
 
-Command = Callable[[Settings, argparse.Namespace], Awaitable[int]]
+Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     init = command("init", "create the topology, or check the existing one")
     init.set_defaults(func=admin.init)
 
-    publish = command("publish", 'publish JSON lines {"key": ..., "body": ...} from stdin or a file')
+    publish = command(
+        "publish", 'publish JSON lines {"key": ..., "body": ...} from stdin or a file'
+    )
     publish.add_argument("file", nargs="?", default="-", help="input file ('-' for stdin)")
     publish.add_argument("--max-in-flight", type=int, default=1000)
     publish.add_argument("--quiet", action="store_true", help="no progress line")

@@ -8,7 +8,6 @@ their queues, each user's events in one bucket, in publish order.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random

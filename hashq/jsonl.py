@@ -20,7 +20,7 @@ def parse_line(text: str, number: int) -> Outgoing:
     """The message on line ``number``, or ``InvalidMessage`` saying what is wrong with it."""
     try:
         item: Any = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise InvalidMessage(f"line {number}: not JSON ({exc.msg})") from None
     if not isinstance(item, dict) or "key" not in item or "body" not in item:
         raise InvalidMessage(f'line {number}: expected an object with "key" and "body"')
@@ -40,7 +40,7 @@ def parse_line(text: str, number: int) -> Outgoing:
 
 
 def read_messages(stream: IO[str]) -> Iterator[Outgoing]:
-    """Messages from ``stream``, skipping blank lines; stops with ``InvalidMessage`` at a bad one."""
+    """Messages from ``stream``, skipping blank lines; ``InvalidMessage`` at the first bad one."""
     for number, text in enumerate(stream, start=1):
         if text.strip():
             yield parse_line(text, number)

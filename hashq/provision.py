@@ -1,19 +1,22 @@
-"""Creating or validating an app's topology in RabbitMQ and ZooKeeper, idempotently.
+"""Creating or validating an app's topology in RabbitMQ and ZooKeeper, idempotently, and
+rebuilding the transient ring after a broker restart.
 
-Order matters. The ZooKeeper record is written last, so its presence means the broker side was
-completed once. When it exists, nothing is declared or bound again: the broker side is only
-checked. When it does not, queues are declared and bound in index order; binding an existing
-binding again is a no-op for the consistent-hash exchange, so a crash half-way is repaired by
-running ``init`` again without moving any key.
+Order matters. The ZooKeeper record is written last, so its presence means the durable broker
+side was completed once; then the durable side is only checked, never declared again. The ring
+(see ``hashq.topology``) is ensured on every call: declared, bound to every bucket queue in
+index order (binding an existing binding again is a no-op, so a half-built ring is completed in
+the same order), and only then bound to the entry exchange.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
@@ -29,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 async def ensure_topology(settings: Settings, *, check_bindings: bool = True) -> Topology:
-    """Create the app's topology, or check that the existing one matches ``settings``.
+    """Create the app's topology, or check that the existing one matches ``settings``; make sure
+    the ring is complete and in index order.
 
     Raises ``TopologyMismatch`` (nothing changed) or ``ServiceUnavailable``.
     """
@@ -46,9 +50,10 @@ async def ensure_topology(settings: Settings, *, check_bindings: bool = True) ->
         connection = await connect_amqp(settings, connection_name("admin"))
         async with connection:
             if recorded is None:
-                await _declare(connection, topology)
+                await _declare_durable(connection, topology)
             else:
-                await verify_broker(connection, topology)
+                await _verify_durable(connection, topology)
+            await ensure_ring(connection, topology)
         if check_bindings:
             await asyncio.to_thread(verify_bindings, management, topology)
         if recorded is None:
@@ -77,9 +82,25 @@ def write_record(zk: KazooClient, topology: Topology) -> None:
         topology.require_same(recorded)
 
 
-async def _declare(connection: AbstractConnection, topology: Topology) -> None:
-    async with _refusals_as_mismatch(topology):
-        channel = await connection.channel()
+async def ensure_ring(connection: AbstractConnection, topology: Topology) -> None:
+    """Declare the ring, bind it to every bucket in index order, then bind the entry exchange to
+    it. Safe to run from many processes at once: each adds bindings in the same order, and the
+    entry binding comes only after all N exist."""
+    async with _refusals_as_mismatch(topology), _channel(connection) as channel:
+        ring = await channel.declare_exchange(
+            topology.ring_exchange,
+            aio_pika.ExchangeType.X_CONSISTENT_HASH,
+            durable=False,
+            internal=True,
+        )
+        for name in topology.bucket_queues():
+            queue = await channel.declare_queue(name, passive=True)
+            await queue.bind(ring, routing_key=BUCKET_WEIGHT)
+        await ring.bind(topology.exchange)
+
+
+async def _declare_durable(connection: AbstractConnection, topology: Topology) -> None:
+    async with _refusals_as_mismatch(topology), _channel(connection) as channel:
         dlx = await channel.declare_exchange(
             topology.dead_letter_exchange, aio_pika.ExchangeType.FANOUT, durable=True
         )
@@ -87,85 +108,82 @@ async def _declare(connection: AbstractConnection, topology: Topology) -> None:
             topology.dead_letter_queue, durable=True, arguments=topology.dead_letter_arguments()
         )
         await dead.bind(dlx)
-        exchange = await channel.declare_exchange(
-            topology.exchange, aio_pika.ExchangeType.X_CONSISTENT_HASH, durable=True
+        await channel.declare_exchange(
+            topology.exchange, aio_pika.ExchangeType.FANOUT, durable=True
         )
-        await _declare_buckets(channel, exchange, topology)
+        for name in topology.bucket_queues():
+            await channel.declare_queue(name, durable=True, arguments=topology.bucket_arguments())
 
 
-async def _declare_buckets(
-    channel: AbstractChannel, exchange: AbstractExchange, topology: Topology
-) -> None:
-    # Bound one by one in index order: the exchange hands out ring positions in binding order.
-    for name in topology.bucket_queues():
-        queue = await channel.declare_queue(
-            name, durable=True, arguments=topology.bucket_arguments()
-        )
-        await queue.bind(exchange, routing_key=BUCKET_WEIGHT)
-
-
-async def verify_broker(connection: AbstractConnection, topology: Topology) -> None:
-    """Check (passively) that the exchange and every queue exist."""
-    names = [topology.dead_letter_queue, *topology.bucket_queues()]
-    async with _refusals_as_mismatch(topology):
-        channel = await connection.channel()
+async def _verify_durable(connection: AbstractConnection, topology: Topology) -> None:
+    """Check (passively) that the durable exchanges and every queue exist."""
+    async with _refusals_as_mismatch(topology), _channel(connection) as channel:
         await channel.declare_exchange(topology.exchange, passive=True)
         await channel.declare_exchange(topology.dead_letter_exchange, passive=True)
-        for name in names:
+        for name in [topology.dead_letter_queue, *topology.bucket_queues()]:
             await channel.declare_queue(name, passive=True)
 
 
 def verify_bindings(
     management: Management, topology: Topology, *, partial_ok: bool = False
 ) -> None:
-    """Check through the management API that the exchange is bound to exactly the bucket queues,
-    each once with weight 1 (with ``partial_ok``: to the first k of them, k >= 0). Skipped,
-    with a warning, when the API cannot be reached."""
+    """Check through the management API that the ring is bound to exactly the bucket queues,
+    each once with weight 1 (with ``partial_ok``: to the first k of them), and the entry exchange
+    to the ring alone. Skipped, with a warning, when the API cannot be reached."""
     try:
-        bindings = management.bindings_from(topology.exchange)
+        ring = management.bindings_from(topology.ring_exchange)
+        entry = management.bindings_from(topology.exchange)
     except ServiceUnavailable as exc:
         log.warning("bindings of %s not checked: %s", topology.exchange, exc)
         return
-    found = sorted((b["destination"], b["routing_key"]) for b in bindings)
+    found = sorted((b["destination"], b["routing_key"]) for b in ring)
     expected = [(name, BUCKET_WEIGHT) for name in topology.bucket_queues()]
-    if partial_ok and found == expected[: len(found)]:
-        if found:
-            log.warning("completing the half-created topology of app %r", topology.app)
-        return
-    if found != expected:
+    complete = found == expected
+    if not complete and not (partial_ok and found == expected[: len(found)]):
         extra = sorted(set(found) - set(expected))[:3]
         missing = sorted(set(expected) - set(found))[:3]
         raise TopologyMismatch(
-            f"exchange {topology.exchange} has {len(found)} bindings, expected {len(expected)} "
-            f"(unexpected: {extra}, missing: {missing}); bindings were changed by hand, which "
-            "remaps keys: see docs/design.md, 'What never to do by hand'"
+            f"exchange {topology.ring_exchange} has {len(found)} bindings, expected "
+            f"{len(expected)} (unexpected: {extra}, missing: {missing}); bindings were changed "
+            "by hand, which remaps keys: see docs/design.md, 'What never to do by hand'"
+        )
+    destinations = sorted(b["destination"] for b in entry)
+    if destinations not in ([], [topology.ring_exchange]):
+        raise TopologyMismatch(
+            f"exchange {topology.exchange} is bound to {destinations[:3]}, expected only "
+            f"{topology.ring_exchange}: see docs/design.md, 'What never to do by hand'"
         )
 
 
-class _refusals_as_mismatch:
+@asynccontextmanager
+async def _channel(connection: AbstractConnection) -> AsyncIterator[AbstractChannel]:
+    channel = await connection.channel()
+    try:
+        yield channel
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+@asynccontextmanager
+async def _refusals_as_mismatch(topology: Topology) -> AsyncIterator[None]:
     """Turn the broker's refusals (missing entity, inequivalent arguments) into one-line errors."""
-
-    def __init__(self, topology: Topology) -> None:
-        self._topology = topology
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
-        if isinstance(exc, ChannelNotFoundEntity):
-            raise TopologyMismatch(
-                f"app {self._topology.app!r} is recorded in ZooKeeper but RabbitMQ lacks part of "
-                f"it ({_reply_text(exc)}); see docs/design.md, 'What never to do by hand'"
-            ) from None
-        if isinstance(exc, ChannelPreconditionFailed):
-            raise TopologyMismatch(
-                f"RabbitMQ holds an exchange or queue of app {self._topology.app!r} declared "
-                f"differently ({_reply_text(exc)}); it was left untouched"
-            ) from None
-        return False
+    try:
+        yield
+    except ChannelNotFoundEntity as exc:
+        raise TopologyMismatch(
+            f"RabbitMQ lacks part of app {topology.app!r} ({_reply_text(exc)}): run 'hashq init'; "
+            "if the app was initialised before, see docs/design.md, 'What never to do by hand'"
+        ) from None
+    except ChannelPreconditionFailed as exc:
+        raise TopologyMismatch(
+            f"RabbitMQ holds an exchange or queue of app {topology.app!r} declared differently "
+            f"({_reply_text(exc)}); it was left untouched"
+        ) from None
 
 
 def _reply_text(exc: BaseException) -> str:
-    args = getattr(exc, "args", ())
+    """The broker's reply text of a channel error: its second argument, else the message."""
+    args: tuple[object, ...] = tuple(getattr(exc, "args", ()))
     text = args[1] if len(args) > 1 else str(exc)
     return str(text).splitlines()[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from hashq.amqp import connect_amqp, connection_name
 from hashq.errors import (
     BatchPublishError,
     Failure,
+    HashqError,
     InvalidMessage,
     MessageNacked,
     MessageUnroutable,
@@ -34,6 +36,7 @@ from hashq.errors import (
     ServiceUnavailable,
     TopologyMismatch,
 )
+from hashq.provision import ensure_ring
 from hashq.settings import Settings
 from hashq.topology import Topology
 
@@ -73,6 +76,8 @@ class Publisher:
         self._window = asyncio.Semaphore(max_in_flight)
         self._max_in_flight = max_in_flight
         self._connect_lock = asyncio.Lock()
+        self._ring_lock = asyncio.Lock()
+        self._ring_checked_at = -1.0
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
@@ -189,25 +194,30 @@ class Publisher:
     async def _send(
         self, exchange: AbstractExchange, message: aio_pika.Message, key: str, message_id: str
     ) -> None:
+        sent_at = time.monotonic()
         try:
             await exchange.publish(
                 message, routing_key=key, mandatory=True, timeout=self._settings.confirm_timeout
             )
         except ReturnedError:
+            await self._repair_ring(sent_at)
             raise MessageUnroutable(
-                f"exchange {self._topology.exchange} routed the message to no queue",
+                f"exchange {self._topology.exchange} routed the message to no queue (the ring is "
+                "rebuilt after a broker restart; publishing again is safe)",
                 key=key,
                 message_id=message_id,
             ) from None
         except DeliveryError:
-            raise MessageNacked("the broker refused the message", key=key, message_id=message_id)
-        except (TimeoutError, asyncio.TimeoutError):
+            raise MessageNacked(
+                "the broker refused the message", key=key, message_id=message_id
+            ) from None
+        except TimeoutError:
             raise PublishUnconfirmed(
                 f"no confirm within {self._settings.confirm_timeout:g}s",
                 key=key,
                 message_id=message_id,
             ) from None
-        except Exception as exc:  # noqa: BLE001 - aiormq raises a bare Exception on a dropped link
+        except Exception as exc:
             # Whatever broke between send and confirm, the outcome is unknown to us.
             self._forget_channel()
             raise PublishUnconfirmed(
@@ -228,7 +238,24 @@ class Publisher:
                 publisher_confirms=True, on_return_raises=True
             )
             self._exchange = await self._passive_exchange(self._channel)
+            await self._repair_ring(time.monotonic())
             return self._exchange
+
+    async def _repair_ring(self, since: float) -> None:
+        """Rebuild the ring unless that was done after ``since``: after a broker restart the
+        ring is gone, and the first returned message brings it back for the next publish. The
+        message itself is not re-sent here, since that could overtake later messages of its key.
+        """
+        async with self._ring_lock:
+            if self._ring_checked_at > since or self._connection is None:
+                return
+            try:
+                await ensure_ring(self._connection, self._topology)
+            except HashqError as exc:
+                log.warning("could not rebuild the ring of %s: %s", self._topology.exchange, exc)
+            except Exception as exc:
+                log.warning("could not rebuild the ring of %s: %r", self._topology.exchange, exc)
+            self._ring_checked_at = time.monotonic()
 
     async def _passive_exchange(self, channel: AbstractChannel) -> AbstractExchange:
         try:

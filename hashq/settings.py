@@ -34,7 +34,9 @@ class Settings(BaseSettings):
     zk_hosts: str = Field(
         "127.0.0.1:2181", description="ZooKeeper hosts, host:port[,host:port...][/chroot]"
     )
-    app: str = Field("default", description="namespace: exchange hashq.<app>, ZooKeeper /hashq/<app>")
+    app: str = Field(
+        "default", description="namespace: exchange hashq.<app>, ZooKeeper /hashq/<app>"
+    )
     buckets: int = Field(64, ge=1, le=MAX_BUCKETS, description="number of bucket queues")
     queue_type: Literal["quorum", "classic"] = Field("quorum", description="bucket queue type")
     delivery_limit: int = Field(

@@ -3,11 +3,21 @@ ZooKeeper. No I/O here; ``hashq.provision`` declares it.
 
 Layout for app ``orders`` with N buckets:
 
-- exchange ``hashq.orders`` of type ``x-consistent-hash``, durable;
-- bucket queues ``hashq.orders.b0000`` .. ``hashq.orders.b{N-1:04}``: name order is index order,
-  and each is bound with weight ``"1"`` in index order, once, at creation;
+- ``hashq.orders``: the exchange publishers use (durable, fanout), bound to exactly one
+  destination, the ring;
+- ``hashq.orders.ring``: the ``x-consistent-hash`` exchange, transient and internal, bound to
+  the bucket queues in index order with weight ``"1"``;
+- bucket queues ``hashq.orders.b0000`` .. ``hashq.orders.b{N-1:04}`` (durable): name order is
+  index order;
 - dead-letter exchange ``hashq.orders.dlx`` (fanout) and its queue ``hashq.orders.dead``;
 - the record ``/hashq/orders/topology`` in ZooKeeper.
+
+Why the ring is transient: the consistent-hash exchange keeps its ring in memory and, after a
+broker restart, rebuilds it from the recovered bindings in whatever order recovery produces
+(measured on RabbitMQ 3.10: 88% of keys moved to other buckets after one restart). A transient
+ring does not survive a restart at all: until a hashq process rebuilds it, in index order, the
+entry exchange has no binding and mandatory publishes come back unroutable instead of landing
+in the wrong bucket. The ring is always complete before the entry exchange is bound to it.
 """
 
 from __future__ import annotations
@@ -48,6 +58,10 @@ class Topology:
     @property
     def exchange(self) -> str:
         return f"hashq.{self.app}"
+
+    @property
+    def ring_exchange(self) -> str:
+        return f"hashq.{self.app}.ring"
 
     @property
     def dead_letter_exchange(self) -> str:
@@ -114,7 +128,11 @@ class Topology:
     def differences(self, other: Topology) -> list[str]:
         """Human-readable ``field: ours vs theirs`` for every field that differs."""
         ours, theirs = asdict(self), asdict(other)
-        return [f"{name} {ours[name]!r} vs {theirs[name]!r}" for name in ours if ours[name] != theirs[name]]
+        return [
+            f"{name} {ours[name]!r} vs {theirs[name]!r}"
+            for name in ours
+            if ours[name] != theirs[name]
+        ]
 
     def require_same(self, recorded: Topology) -> None:
         """Raise ``TopologyMismatch`` unless ``recorded`` (what exists) equals these settings."""

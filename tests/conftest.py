@@ -91,7 +91,9 @@ async def initialized(settings: Settings) -> AsyncIterator[Settings]:
 
 
 def _admin(endpoints: Endpoints) -> Management:
-    return Management(Settings(amqp_url=endpoints.amqp_url, management_url=endpoints.management_url))
+    return Management(
+        Settings(amqp_url=endpoints.amqp_url, management_url=endpoints.management_url)
+    )
 
 
 def admin_user(endpoints: Endpoints) -> str:

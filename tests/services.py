@@ -56,7 +56,10 @@ def from_script() -> Endpoints | None:
     env = dict(line.removeprefix("export ").split("=", 1) for line in _script("env").splitlines())
 
     def control(action: str) -> Callable[[str], None]:
-        return lambda service: _script(action, service)
+        def run(service: str) -> None:
+            _script(action, service)
+
+        return run
 
     return Endpoints(
         env["HASHQ_AMQP_URL"],
@@ -95,10 +98,15 @@ def from_containers() -> Endpoints | None:
         f"{zookeeper.get_container_host_ip()}:{zookeeper.get_exposed_port(2181)}",
         f"http://{host}:{rabbit.get_exposed_port(15672)}",
         "testcontainers",
-        cleanup=lambda: (rabbit.stop(), zookeeper.stop()) and None,
+        cleanup=lambda: _stop_all(rabbit, zookeeper),
     )
     _wait_for_management(endpoints.management_url, seconds=120)
     return endpoints
+
+
+def _stop_all(*containers: Any) -> None:
+    for container in containers:
+        container.stop()
 
 
 def _docker_answers() -> bool:

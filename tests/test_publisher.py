@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 
 from hashq.amqp import connect_amqp
 from hashq.errors import (
@@ -22,19 +24,18 @@ from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.topology import Topology
 from tests.helpers import close_connection_named, drain, key_buckets, wait_for_connection
+from tests.services import Endpoints
 
 
-async def test_confirmed_message_is_in_its_bucket_with_its_properties(initialized: Settings) -> None:
+async def test_confirmed_message_is_in_its_bucket_with_its_properties(
+    initialized: Settings,
+) -> None:
     async with Publisher(initialized) as publisher:
         message_id = await publisher.publish(
             "user-1", b"hello", headers={"trace": "abc"}, message_id="m-1"
         )
     assert message_id == "m-1"
-    found = [
-        message
-        for name in Topology.from_settings(initialized).bucket_queues()
-        for message in await drain(initialized, name)
-    ]
+    found = await _all_messages(initialized)
     assert len(found) == 1
     (message,) = found
     assert message.routing_key == "user-1"
@@ -75,14 +76,52 @@ async def test_publishing_without_topology_says_run_init(settings: Settings) -> 
             pass
 
 
-async def test_unroutable_messages_raise_for_each(initialized: Settings) -> None:
-    connection = await connect_amqp(initialized, "test-unbind")
+async def _delete_ring(settings: Settings) -> None:
+    """What a broker restart does to the transient ring."""
+    connection = await connect_amqp(settings, "test-delete-ring")
     async with connection:
         channel = await connection.channel()
-        for name in Topology.from_settings(initialized).bucket_queues():
-            queue = await channel.declare_queue(name, passive=True)
-            await queue.unbind("hashq.t", routing_key="1")
+        await channel.exchange_delete("hashq.t.ring")
+
+
+async def test_publisher_rebuilds_a_vanished_ring(initialized: Settings) -> None:
     async with Publisher(initialized) as publisher:
+        await _delete_ring(initialized)
+        with pytest.raises(MessageUnroutable, match="routed the message to no queue"):
+            await publisher.publish("user-1", b"lost?", message_id="returned")
+        # The return made the publisher rebuild the ring; publishing again lands.
+        await publisher.publish("user-1", b"again", message_id="landed")
+    queued = [m.message_id for m in await _all_messages(initialized)]
+    assert queued == ["landed"]
+
+
+@pytest.fixture
+def writer(endpoints: Endpoints, vhost: str) -> Iterator[str]:
+    """A user that may publish to the test's vhost but not configure it."""
+    admin = Management(
+        Settings(amqp_url=endpoints.amqp_url, management_url=endpoints.management_url)
+    )
+    name = f"writer-{vhost}"
+    admin.request("PUT", f"/api/users/{name}", {"password": "pw", "tags": ""})
+    admin.request(
+        "PUT",
+        f"/api/permissions/{quote(vhost, safe='')}/{name}",
+        {"configure": "", "write": ".*", "read": ""},
+    )
+    yield name
+    admin.request("DELETE", f"/api/users/{name}", missing_ok=True)
+
+
+async def test_unroutable_messages_raise_for_each(
+    initialized: Settings, endpoints: Endpoints, vhost: str, writer: str
+) -> None:
+    """A publisher that may not configure (write permission only) cannot rebuild the ring: every
+    message is reported, none is confirmed."""
+    await _delete_ring(initialized)
+    limited = initialized.model_copy(
+        update={"amqp_url": f"amqp://{writer}:pw@{_host_port(endpoints)}/{quote(vhost, safe='')}"}
+    )
+    async with Publisher(limited) as publisher:
         with pytest.raises(MessageUnroutable, match="routed the message to no queue"):
             await publisher.publish("user-1", b"x")
         with pytest.raises(BatchPublishError) as caught:
@@ -90,6 +129,19 @@ async def test_unroutable_messages_raise_for_each(initialized: Settings) -> None
     assert [failure.index for failure in caught.value.failures] == list(range(10))
     assert all(isinstance(f.error, MessageUnroutable) for f in caught.value.failures)
     assert caught.value.confirmed == []
+    assert await _all_messages(initialized) == []
+
+
+def _host_port(endpoints: Endpoints) -> str:
+    return endpoints.amqp_url.split("@", 1)[1].rstrip("/")
+
+
+async def _all_messages(settings: Settings) -> list[AbstractIncomingMessage]:
+    return [
+        message
+        for name in Topology.from_settings(settings).bucket_queues()
+        for message in await drain(settings, name)
+    ]
 
 
 def _reject_publish_policy(management: Management, pattern: str) -> None:
@@ -188,11 +240,7 @@ async def test_connection_dropped_mid_batch(initialized: Settings, management: M
     assert failures, "the batch should not have finished before the connection was closed"
     assert len(confirmed) + len(failures) == total
     assert all(isinstance(f.error, PublishUnconfirmed) for f in failures)
-    queued_ids = {
-        message.message_id
-        for name in Topology.from_settings(initialized).bucket_queues()
-        for message in await drain(initialized, name)
-    }
+    queued_ids = {message.message_id for message in await _all_messages(initialized)}
     assert confirmed <= queued_ids, "a message reported confirmed is missing from the queues"
 
     # The same publisher opens a new connection for the next message.

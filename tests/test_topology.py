@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -16,13 +17,14 @@ from hashq.topology import Topology
 from tests.helpers import open_zk
 
 
-def _queues(management: Management) -> dict[str, dict[str, object]]:
+def _queues(management: Management) -> dict[str, dict[str, Any]]:
     listed = management.request("GET", f"/api/queues/{quote(management.vhost, safe='')}")
     return {queue["name"]: queue for queue in listed}
 
 
 def _bindings(management: Management, topology: Topology) -> list[tuple[str, str]]:
-    return sorted((b["destination"], b["routing_key"]) for b in management.bindings_from(topology.exchange))
+    bindings = management.bindings_from(topology.ring_exchange)
+    return sorted((b["destination"], b["routing_key"]) for b in bindings)
 
 
 def _record(settings: Settings) -> Topology | None:
@@ -39,9 +41,12 @@ def _record(settings: Settings) -> Topology | None:
 async def test_init_creates_the_whole_topology(settings: Settings, management: Management) -> None:
     topology = await ensure_topology(settings)
 
-    exchange = management.request("GET", f"/api/exchanges/{quote(settings.vhost, safe='')}/hashq.t")
-    assert exchange["type"] == "x-consistent-hash"
-    assert exchange["durable"] is True
+    vhost = quote(settings.vhost, safe="")
+    entry = management.request("GET", f"/api/exchanges/{vhost}/hashq.t")
+    assert (entry["type"], entry["durable"]) == ("fanout", True)
+    ring = management.request("GET", f"/api/exchanges/{vhost}/hashq.t.ring")
+    assert (ring["type"], ring["durable"], ring["internal"]) == ("x-consistent-hash", False, True)
+    assert [b["destination"] for b in management.bindings_from("hashq.t")] == ["hashq.t.ring"]
     queues = _queues(management)
     for index in range(8):
         queue = queues[f"hashq.t.b{index:04d}"]
@@ -108,13 +113,24 @@ async def test_broker_topology_without_record_is_not_extended(
     assert len(_bindings(management, original)) == 16
 
 
+async def test_queue_bound_to_the_entry_exchange_is_reported(settings: Settings) -> None:
+    await ensure_topology(settings)
+    connection = await connect_amqp(settings, "test-bind")
+    async with connection:
+        channel = await connection.channel()
+        stray = await channel.declare_queue("stray", durable=True)
+        await stray.bind("hashq.t")
+    with pytest.raises(TopologyMismatch, match=r"expected only hashq\.t\.ring"):
+        await ensure_topology(settings)
+
+
 async def test_missing_queue_is_reported(settings: Settings) -> None:
     await ensure_topology(settings)
     connection = await connect_amqp(settings, "test-delete")
     async with connection:
         channel = await connection.channel()
         await channel.queue_delete("hashq.t.b0005")
-    with pytest.raises(TopologyMismatch, match="hashq.t.b0005"):
+    with pytest.raises(TopologyMismatch, match=r"hashq\.t\.b0005"):
         await ensure_topology(settings)
 
 
@@ -124,6 +140,6 @@ async def test_binding_added_by_hand_is_reported(settings: Settings) -> None:
     async with connection:
         channel = await connection.channel()
         stray = await channel.declare_queue("stray", durable=True)
-        await stray.bind("hashq.t", routing_key="1")
+        await stray.bind("hashq.t.ring", routing_key="1")
     with pytest.raises(TopologyMismatch, match="changed by hand"):
         await ensure_topology(settings)

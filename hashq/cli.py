@@ -24,13 +24,13 @@ EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
 
 
-def settings_flags() -> argparse.ArgumentParser:
+def settings_flags(kind: type[Settings] = Settings) -> argparse.ArgumentParser:
     """A parent parser with one flag per setting, named like it: ``buckets`` is ``--buckets`` and
     ``HASHQ_BUCKETS``. Absent flags leave no attribute, so they may stand before or after the
     command without one overwriting the other."""
     parent = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     group = parent.add_argument_group("settings (each also read from HASHQ_<NAME>)")
-    for name, info in Settings.model_fields.items():
+    for name, info in kind.model_fields.items():
         group.add_argument(
             "--" + name.replace("_", "-"),
             dest=f"setting_{name}",
@@ -43,13 +43,13 @@ def settings_flags() -> argparse.ArgumentParser:
     return parent
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
+def settings_from_args(args: argparse.Namespace, kind: type[Settings] = Settings) -> Settings:
     given: dict[str, Any] = {
         name.removeprefix("setting_"): value
         for name, value in vars(args).items()
         if name.startswith("setting_") and value is not None
     }
-    return load_settings(**given)
+    return load_settings(kind, **given)
 
 
 def setup_logging(level: str) -> None:
@@ -62,10 +62,12 @@ def setup_logging(level: str) -> None:
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)
 
 
-def run_command(command: Command, args: argparse.Namespace, prog: str) -> int:
+def run_command(
+    command: Command, args: argparse.Namespace, prog: str, kind: type[Settings] = Settings
+) -> int:
     """Run ``command`` with settings built from ``args``; map errors to one line and a status."""
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args, kind)
         return asyncio.run(command(settings, args))
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -9,7 +9,7 @@ credentials are never echoed.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator
@@ -108,6 +108,35 @@ class Settings(BaseSettings):
         return unquote(path[1:]) if len(path) > 1 else "/"
 
 
+class WorkerSettings(Settings):
+    """A worker's settings: the shared ones plus how it processes messages."""
+
+    worker_id: str | None = Field(
+        None, description="this worker's id (default host-pid-random); unique among live workers"
+    )
+    capacity: int = Field(1, ge=1, le=1000, description="relative share of buckets to receive")
+    concurrency: int = Field(32, ge=1, le=10_000, description="handlers running at once")
+    prefetch: int = Field(32, ge=1, le=10_000, description="unacknowledged messages per bucket")
+    threads: int = Field(8, ge=1, le=1000, description="threads for plain (non-async) handlers")
+    drain_timeout: float = Field(
+        30.0, gt=0, le=3600, description="seconds a revoked bucket's handlers may take to finish"
+    )
+    max_attempts: int = Field(5, ge=1, le=1000, description="handler attempts per message")
+    retry_base_delay: float = Field(0.2, gt=0, le=600, description="first retry delay, seconds")
+    retry_max_delay: float = Field(30.0, gt=0, le=3600, description="longest retry delay, seconds")
+    on_failure: Literal["dead-letter", "block"] = Field(
+        "dead-letter", description="after the last attempt: dead-letter, or retry forever"
+    )
+    codec: Literal["raw", "json"] = Field("raw", description="decode bodies into msg.data")
+
+    @field_validator("worker_id")
+    @classmethod
+    def _check_worker_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", value):
+            raise ValueError("must be 1-100 characters of letters, digits, '_', '.', '-'")
+        return value
+
+
 def _check_host_port(hostname: str | None, url: str) -> None:
     if not hostname:
         raise ValueError("has no host")
@@ -128,12 +157,19 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Settings from ``HASHQ_`` variables, with ``overrides`` (flags) winning; ``None`` values are
-    ignored. Raises ``SettingsError`` with one line for the first bad setting."""
+S = TypeVar("S", bound=Settings)
+
+
+@overload
+def load_settings(**overrides: Any) -> Settings: ...
+@overload
+def load_settings(kind: type[S], /, **overrides: Any) -> S: ...
+def load_settings(kind: type[Settings] = Settings, /, **overrides: Any) -> Settings:
+    """Settings of class ``kind`` from ``HASHQ_`` variables, with ``overrides`` (flags) winning;
+    ``None`` values are ignored. Raises ``SettingsError`` with one line for the first bad one."""
     given = {name: value for name, value in overrides.items() if value is not None}
     try:
-        return Settings(**given)
+        return kind(**given)
     except ValidationError as exc:
         raise SettingsError(_describe(exc)) from None
 

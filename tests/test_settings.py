@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hashq.errors import SettingsError
-from hashq.settings import load_settings, redact_url
+from hashq.settings import Settings, load_settings, redact_url
 
 
 def test_defaults_are_valid() -> None:
-    settings = load_settings()
+    settings: Settings = load_settings()
     assert settings.buckets == 64
     assert settings.queue_type == "quorum"
     assert settings.app == "default"
@@ -45,7 +45,7 @@ def test_environment_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> N
 )
 def test_bad_value_names_the_setting_in_one_line(field: str, value: str, expected: str) -> None:
     with pytest.raises(SettingsError) as caught:
-        load_settings(**{field: value})
+        load_settings(Settings, **{field: value})
     message = str(caught.value)
     assert "\n" not in message
     assert f"HASHQ_{field.upper()}" in message
@@ -80,7 +80,7 @@ def test_redacted_url_hides_only_the_password() -> None:
 
 
 def test_vhost_and_management_credentials_come_from_the_amqp_url() -> None:
-    settings = load_settings(amqp_url="amqp://alice:pw@h:5672/my%2Fvhost")
+    settings: Settings = load_settings(amqp_url="amqp://alice:pw@h:5672/my%2Fvhost")
     assert settings.vhost == "my/vhost"
     assert settings.management_credentials == ("alice", "pw")
     assert load_settings(amqp_url="amqp://h:5672").vhost == "/"

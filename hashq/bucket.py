@@ -1,0 +1,224 @@
+"""One granted bucket inside a worker: its channel, the order of its deliveries, its key lanes,
+and the drain that ends it.
+
+A bucket lease goes CONSUMING -> DRAINING -> CLOSED, each state documented by what it allows.
+Deliveries are consumed on a channel of their own, so closing that channel hands every
+unacknowledged message back to the queue, in order, and touches no other bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractConnection
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
+
+from hashq.lanes import InOrder, Lanes
+
+log = logging.getLogger(__name__)
+
+
+class LeaseState(enum.Enum):
+    CONSUMING = "consuming"
+    """May start deliveries (unless the worker is paused) and acknowledge them."""
+    DRAINING = "draining"
+    """No new deliveries arrive (the consumer is cancelled); what was delivered is still
+    finished and acknowledged, until the drain timeout."""
+    CLOSED = "closed"
+    """The channel is closed: everything unacknowledged went back to the queue in order.
+    Nothing is started or acknowledged any more; handlers still running were cancelled."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One delivery of a bucket on its way through the worker."""
+
+    lease: BucketLease
+    delivery: DeliveredMessage
+    key: str
+    attempt: int = 1
+    first_failure: float | None = None
+    cancel: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def tag(self) -> int:
+        return deliver_frame(self.delivery).delivery_tag or 0
+
+    @property
+    def redelivered(self) -> bool:
+        return bool(deliver_frame(self.delivery).redelivered)
+
+
+def deliver_frame(delivery: DeliveredMessage) -> spec.Basic.Deliver:
+    frame = delivery.delivery
+    assert isinstance(frame, spec.Basic.Deliver), frame
+    return frame
+
+
+class BucketLease:
+    """The worker's hold on one bucket at one epoch."""
+
+    def __init__(
+        self, bucket: int, epoch: int, queue: str, dispatch: Callable[[Job], None]
+    ) -> None:
+        self.bucket = bucket
+        self.epoch = epoch
+        self.queue = queue
+        self.state = LeaseState.CONSUMING
+        self._dispatch = dispatch
+        self._order: InOrder[DeliveredMessage] = InOrder()
+        self._lanes: Lanes[Job] = Lanes()
+        self._channel: aiormq.abc.AbstractChannel | None = None
+        self._consumer_tag: str | None = None
+        self._held = 0  # delivered, not yet acknowledged or dead-lettered
+        self._running: set[Job] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._settled = asyncio.Event()
+        self._settled.set()
+
+    def __repr__(self) -> str:
+        return f"<bucket {self.bucket} epoch {self.epoch} {self.state.value}>"
+
+    # ------------------------------------------------------------ consuming
+    async def open(self, connection: AbstractConnection, prefetch: int) -> None:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        self._channel = await channel.get_underlay_channel()
+        result = await self._channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
+        self._consumer_tag = result.consumer_tag
+
+    async def _on_delivery(self, delivery: DeliveredMessage) -> None:
+        # Callbacks may run out of order; delivery tags restore the queue's order.
+        for message in self._order.push(deliver_frame(delivery).delivery_tag or 0, delivery):
+            self._accept(message)
+
+    def _accept(self, delivery: DeliveredMessage) -> None:
+        if self.state is LeaseState.CLOSED:
+            return
+        self._held += 1
+        self._idle.clear()
+        job = Job(self, delivery, deliver_frame(delivery).routing_key or "")
+        if self._lanes.add(job.key, job):
+            self._dispatch(job)
+
+    def may_start(self, job: Job) -> bool:
+        return job.lease is self and self.state is not LeaseState.CLOSED
+
+    def started(self, job: Job) -> None:
+        self._running.add(job)
+        self._settled.clear()
+
+    def finished(self, job: Job) -> None:
+        """``job`` was acknowledged or dead-lettered: hand its key's next delivery on."""
+        self._running.discard(job)
+        if not self._running:
+            self._settled.set()
+        self._held -= 1
+        following = self._lanes.done(job.key)
+        if following is not None and self.state is not LeaseState.CLOSED:
+            self._dispatch(following)
+        if self._held == 0:
+            self._idle.set()
+
+    def dropped(self, job: Job) -> None:
+        """``job`` will not finish here (its handler was cut off); it goes back to the queue."""
+        self._running.discard(job)
+        if not self._running:
+            self._settled.set()
+
+    async def settled(self, within: float) -> bool:
+        """Wait until no handler of this lease runs any more (threads included)."""
+        if not self._running:
+            return True
+        try:
+            await asyncio.wait_for(self._settled.wait(), within)
+        except TimeoutError:
+            return False
+        return True
+
+    async def ack(self, job: Job) -> bool:
+        """Acknowledge ``job``; False if the lease is closed or the channel is gone."""
+        if self.state is LeaseState.CLOSED or self._channel is None:
+            return False
+        try:
+            await self._channel.basic_ack(job.tag)
+        except Exception as exc:
+            log.debug("bucket %d: ack of %d failed: %r", self.bucket, job.tag, exc)
+            return False
+        return True
+
+    # ------------------------------------------------------------ ending
+    async def drain(self, within: float) -> bool:
+        """Stop deliveries, finish what was delivered (at most ``within`` seconds), then close.
+        True if everything delivered was finished.
+
+        Finishing the delivered messages, rather than handing them back, matters for quorum
+        queues: every message returned by a closed channel counts toward the delivery limit, so
+        a bucket moved many times would otherwise dead-letter healthy messages.
+        """
+        if self.state is LeaseState.CLOSED:
+            return self._held == 0
+        self.state = LeaseState.DRAINING
+        await self._cancel_consumer()
+        try:
+            await asyncio.wait_for(self._idle.wait(), within)
+            clean = True
+        except TimeoutError:
+            clean = False
+            log.warning(
+                "bucket %d epoch %d: %d messages not finished within the drain timeout of %gs; "
+                "they go back to the queue",
+                self.bucket,
+                self.epoch,
+                self._held,
+                within,
+            )
+        await self.close()
+        return clean
+
+    async def close(self) -> None:
+        """Close the channel now: unacknowledged messages return to the queue, in order."""
+        self.state = LeaseState.CLOSED
+        for job in list(self._running):
+            if job.cancel is not None:
+                job.cancel()
+        self._lanes.clear()
+        channel, self._channel = self._channel, None
+        if channel is not None and not channel.is_closed:
+            try:
+                await channel.close()
+            except Exception as exc:
+                log.debug("bucket %d: closing channel: %r", self.bucket, exc)
+
+    async def _cancel_consumer(self) -> None:
+        if self._channel is None or self._consumer_tag is None:
+            return
+        try:
+            await self._channel.basic_cancel(self._consumer_tag)
+        except Exception as exc:
+            log.debug("bucket %d: cancel: %r", self.bucket, exc)
+
+    @property
+    def channel_alive(self) -> bool:
+        return self._channel is not None and not self._channel.is_closed
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket,
+            "epoch": self.epoch,
+            "state": self.state.value,
+            "held": self._held,
+            "active_keys": self._lanes.active_keys,
+        }

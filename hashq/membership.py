@@ -1,0 +1,207 @@
+"""The worker's ZooKeeper side: its registration, the watch on its assignment, its session
+state, and the releases it writes.
+
+kazoo calls back on its own threads. Every callback crosses into asyncio in one place,
+``_to_loop``, which stores the newest value and wakes the worker's loop; the loop reads the
+values, never the callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+import uuid
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.recipe.watchers import DataWatch
+
+from hashq.errors import ConfigError, ServiceUnavailable
+from hashq.protocol import Assignment, Paths, Registration, Release
+from hashq.settings import Settings
+from hashq.zk import close_zk, connect_zk
+
+log = logging.getLogger(__name__)
+
+
+class Session(enum.Enum):
+    """The worker's ZooKeeper session, as it bears on what the worker may do."""
+
+    CONNECTED = "connected"
+    """Registered and watching: may start and acknowledge messages of its grants."""
+    SUSPENDED = "suspended"
+    """Connection lost, session perhaps alive: start nothing new; in-flight ones may finish."""
+    LOST = "lost"
+    """Session expired: its grants are void. Cut off every bucket, then register afresh."""
+
+
+class Membership:
+    """Registration and assignment of one worker id; wakes ``changed`` on every change."""
+
+    def __init__(
+        self, settings: Settings, worker_id: str, capacity: int, wake: asyncio.Event
+    ) -> None:
+        self._settings = settings
+        self._paths = Paths(settings.app)
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.incarnation = ""
+        self.connection_name = ""
+        self.session = Session.CONNECTED
+        self.assignment: Assignment | None = None
+        self.changed = wake
+        self._loop = asyncio.get_running_loop()
+        self._zk: KazooClient | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        zk = await asyncio.to_thread(connect_zk, self._settings)
+        zk.add_listener(self._on_state)
+        DataWatch(zk, self._paths.assignment(self.worker_id), self._on_assignment)
+        self._zk = zk
+
+    @staticmethod
+    def new_incarnation() -> str:
+        return uuid.uuid4().hex[:8]
+
+    @property
+    def zk_connected(self) -> bool:
+        return self._zk is not None and bool(self._zk.connected)
+
+    async def register(self, incarnation: str, connection_name: str) -> None:
+        """Create the ephemeral registration of a new incarnation."""
+        self.incarnation = incarnation
+        self.connection_name = connection_name
+        registration = Registration(
+            worker_id=self.worker_id,
+            incarnation=self.incarnation,
+            capacity=self.capacity,
+            connection=connection_name,
+            host=_hostname(),
+            pid=_pid(),
+        )
+        await asyncio.to_thread(self._create_registration, registration)
+        self.session = Session.CONNECTED
+        log.info("worker %s registered (incarnation %s)", self.worker_id, self.incarnation)
+
+    def _create_registration(self, registration: Registration) -> None:
+        assert self._zk is not None
+        path = self._paths.worker(self.worker_id)
+        deadline = time.monotonic() + 3 * self._settings.zk_session_timeout
+        while True:
+            try:
+                self._zk.create(path, registration.encode(), ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                if self._owned_by_us(path):
+                    self._zk.set(path, registration.encode())
+                    return
+                if time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"worker id {self.worker_id!r} is registered by another live process"
+                    ) from None
+                log.info("waiting for an earlier registration of %s to expire", self.worker_id)
+                time.sleep(1)
+
+    def _owned_by_us(self, path: str) -> bool:
+        assert self._zk is not None
+        try:
+            _, stat = self._zk.get(path)
+        except NoNodeError:
+            return False
+        return bool(stat.ephemeralOwner == self._zk.client_id[0])
+
+    async def deregister(self) -> None:
+        if self._zk is None:
+            return
+        try:
+            await asyncio.to_thread(self._zk.delete, self._paths.worker(self.worker_id))
+        except Exception as exc:
+            log.debug("deregistering: %r", exc)
+
+    async def close(self) -> None:
+        if self._zk is not None:
+            zk, self._zk = self._zk, None
+            await asyncio.to_thread(close_zk, zk)
+
+    # ------------------------------------------------------------ what the loop reads
+    def grants(self) -> dict[int, int]:
+        """Bucket -> epoch this incarnation may consume now (none unless CONNECTED)."""
+        if self.session is not Session.CONNECTED or self.assignment is None:
+            return {}
+        return self.assignment.grants_for(self.incarnation)
+
+    async def write_release(self, bucket: int, epoch: int) -> None:
+        """Record that this incarnation holds nothing of ``bucket`` at ``epoch`` any more.
+        Retried until ZooKeeper takes it or the session is lost."""
+        release = Release(self.worker_id, self.incarnation, bucket, epoch)
+        while True:
+            try:
+                await asyncio.to_thread(self._set_or_create, self._paths.release(bucket), release)
+                log.info("bucket %d epoch %d released by %s", bucket, epoch, self.worker_id)
+                return
+            except Exception as exc:
+                if self.session is Session.LOST:
+                    log.warning(
+                        "bucket %d epoch %d: release not written, session lost", bucket, epoch
+                    )
+                    return
+                log.warning("bucket %d: writing the release failed (%r); retrying", bucket, exc)
+                await asyncio.sleep(0.5)
+
+    def _set_or_create(self, path: str, release: Release) -> None:
+        if self._zk is None:
+            raise ServiceUnavailable("ZooKeeper client closed")
+        try:
+            self._zk.set(path, release.encode())
+        except NoNodeError:
+            try:
+                self._zk.create(path, release.encode(), makepath=True)
+            except NodeExistsError:
+                self._zk.set(path, release.encode())
+
+    # ------------------------------------------------------------ kazoo threads -> loop
+    def _on_state(self, state: str) -> None:
+        session = {
+            KazooState.CONNECTED: Session.CONNECTED,
+            KazooState.SUSPENDED: Session.SUSPENDED,
+            KazooState.LOST: Session.LOST,
+        }[state]
+        self._to_loop("session", session)
+
+    def _on_assignment(self, data: bytes | None, stat: Any) -> None:
+        assignment = None
+        if data:
+            try:
+                assignment = Assignment.decode(data)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("unreadable assignment for %s: %r", self.worker_id, exc)
+        self._to_loop("assignment", assignment)
+
+    def _to_loop(self, name: str, value: Any) -> None:
+        self._loop.call_soon_threadsafe(self._store, name, value)
+
+    def _store(self, name: str, value: Any) -> None:
+        if name == "session":
+            # LOST sticks until the worker has registered again: a later CONNECTED belongs to
+            # a new session whose registration does not exist yet.
+            if not (self.session is Session.LOST and value is Session.CONNECTED):
+                self.session = value
+        else:
+            self.assignment = value
+        self.changed.set()
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,36 @@
+"""What a handler receives."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Message:
+    """One job, as the handler sees it.
+
+    ``epoch`` is the fencing token: it grows every time the bucket changes owner, so a store that
+    remembers the highest epoch it saw per key (or per bucket) can refuse a late write from a
+    worker that has since been cut off. ``attempt`` counts this worker's attempts, from 1.
+    ``data`` is the decoded body when a codec is set (``--codec json``), else None.
+    """
+
+    key: str
+    body: bytes
+    headers: dict[str, Any]
+    message_id: str | None
+    bucket: int
+    epoch: int
+    redelivered: bool
+    attempt: int
+    data: Any = None
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker gave this message up (its bucket was cut off or the drain timed
+        out): stop, and do not write anything on its behalf. Async handlers are also cancelled;
+        plain functions running in a thread should check this."""
+        return self.cancel_event.is_set()

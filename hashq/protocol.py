@@ -1,0 +1,157 @@
+"""The ZooKeeper protocol between workers and the coordinator, as plain data: paths, records and
+their JSON encoding. ``docs/protocol.md`` describes it in prose; this module is its one
+implementation, shared by both sides.
+
+Under ``/hashq/<app>``:
+
+- ``workers/<worker_id>`` (ephemeral; the worker writes): a ``Registration``;
+- ``assignments/<worker_id>`` (persistent; the coordinator writes): an ``Assignment``, the
+  buckets that worker may consume and the epoch of each grant;
+- ``buckets/<NNNN>`` (persistent; the coordinator writes): a ``BucketRecord``;
+- ``releases/<NNNN>`` (persistent; the worker that held the bucket writes): a ``Release``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+
+class BucketState(enum.Enum):
+    """Where a bucket is in its life, as the coordinator records it."""
+
+    UNASSIGNED = "unassigned"
+    """No owner; nobody may consume it."""
+    GRANTED = "granted"
+    """``owner`` may consume it at ``epoch``; no one else may."""
+    REVOKING = "revoking"
+    """Taken from ``owner``'s assignment; ``owner`` drains and writes a release at ``epoch``.
+    Nobody else may consume it yet."""
+    FENCING = "fencing"
+    """``owner`` is gone or did not release in time; the coordinator cuts its connection off.
+    Nobody else may consume it yet."""
+
+
+class Paths:
+    """ZooKeeper paths of one app."""
+
+    def __init__(self, app: str) -> None:
+        self.root = f"/hashq/{app}"
+        self.workers = f"{self.root}/workers"
+        self.assignments = f"{self.root}/assignments"
+        self.buckets = f"{self.root}/buckets"
+        self.releases = f"{self.root}/releases"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.workers}/{worker_id}"
+
+    def assignment(self, worker_id: str) -> str:
+        return f"{self.assignments}/{worker_id}"
+
+    def bucket(self, index: int) -> str:
+        return f"{self.buckets}/{index:04d}"
+
+    def release(self, index: int) -> str:
+        return f"{self.releases}/{index:04d}"
+
+
+def _encode(record: Any) -> bytes:
+    return json.dumps(asdict(record), sort_keys=True).encode()
+
+
+def _fields(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        fields = json.loads(data)
+    except ValueError:
+        raise ValueError(f"unreadable {what} record") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"unreadable {what} record")
+    return fields
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A live worker. ``incarnation`` changes each time the worker registers (a new ZooKeeper
+    session), so grants made to an earlier life of the same worker id are never honoured."""
+
+    worker_id: str
+    incarnation: str
+    capacity: int
+    version: int = PROTOCOL_VERSION
+    host: str = ""
+    pid: int = 0
+    connection: str = ""  # the AMQP connection name, for fencing through the management API
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Registration:
+        return cls(**_fields(data, "registration"))
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The buckets one worker incarnation may consume: bucket index -> grant epoch."""
+
+    incarnation: str
+    grants: dict[int, int] = field(default_factory=dict)
+    leader_epoch: int = 0
+
+    def encode(self) -> bytes:
+        fields = asdict(self)
+        fields["grants"] = {str(bucket): epoch for bucket, epoch in self.grants.items()}
+        return json.dumps(fields, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Assignment:
+        fields = _fields(data, "assignment")
+        grants = {int(bucket): int(epoch) for bucket, epoch in fields.get("grants", {}).items()}
+        return cls(fields["incarnation"], grants, int(fields.get("leader_epoch", 0)))
+
+    def grants_for(self, incarnation: str) -> dict[int, int]:
+        """The grants, if addressed to ``incarnation``; none otherwise."""
+        return dict(self.grants) if incarnation == self.incarnation else {}
+
+
+@dataclass(frozen=True)
+class BucketRecord:
+    """The coordinator's record of one bucket. ``epoch`` only ever grows."""
+
+    state: str = BucketState.UNASSIGNED.value
+    owner: str | None = None
+    incarnation: str | None = None
+    epoch: int = 0
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> BucketRecord:
+        return cls(**_fields(data, "bucket"))
+
+    @property
+    def bucket_state(self) -> BucketState:
+        return BucketState(self.state)
+
+
+@dataclass(frozen=True)
+class Release:
+    """Written by a worker once it has stopped consuming a bucket: nothing of ``bucket`` will be
+    started or acknowledged by ``worker_id``/``incarnation`` at ``epoch`` any more."""
+
+    worker_id: str
+    incarnation: str
+    bucket: int
+    epoch: int
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Release:
+        return cls(**_fields(data, "release"))

@@ -1,0 +1,218 @@
+"""Running handlers: a fixed pool of runner tasks takes ready jobs and, for each, calls the
+handler, then acknowledges, schedules a retry, or dead-letters.
+
+No task per message: ``concurrency`` runners pull from one queue. A retry does not hold a runner
+while it waits; the job comes back to the queue when its delay is over, and its key's lane stays
+blocked meanwhile, so only that key waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from hashq.bucket import Job
+from hashq.deadletter import DeadLetters
+from hashq.message import Message
+from hashq.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Message], Awaitable[None] | None]
+
+
+class Undecodable(Exception):
+    """Raised when a body does not decode with the chosen codec."""
+
+
+class Runners:
+    """``concurrency`` tasks running jobs from one ready queue."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        concurrency: int,
+        threads: int,
+        policy: RetryPolicy,
+        dead_letters: DeadLetters,
+        codec: str,
+    ) -> None:
+        self._handler = handler
+        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 - async callable objects too
+        )
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hashq-handler")
+        self._policy = policy
+        self._dead_letters = dead_letters
+        self._codec = codec
+        self._ready: asyncio.Queue[Job] = asyncio.Queue()
+        self._may_start = asyncio.Event()
+        self._may_start.set()
+        self._tasks = [asyncio.ensure_future(self._run()) for _ in range(concurrency)]
+        self.processed = 0
+
+    def dispatch(self, job: Job) -> None:
+        self._ready.put_nowait(job)
+
+    def pause(self) -> None:
+        """Start nothing new (ZooKeeper suspended); running handlers go on."""
+        self._may_start.clear()
+
+    def resume(self) -> None:
+        self._may_start.set()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        _, stuck = await asyncio.wait(self._tasks, timeout=1.0)
+        for task in stuck:  # a runner waiting for a handler thread that does not return
+            task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ one job
+    async def _run(self) -> None:
+        while True:
+            await self._may_start.wait()
+            job = await self._ready.get()
+            if not self._may_start.is_set():
+                self._ready.put_nowait(job)  # paused while we waited: leave it for later
+                continue
+            await self._execute(job)
+
+    async def _execute(self, job: Job) -> None:
+        lease = job.lease
+        if not lease.may_start(job):
+            return  # its bucket was closed: the message went back to the queue
+        try:
+            message = self._message(job)
+        except Undecodable as exc:
+            await self._dead_letter(job, "undecodable", exc)
+            return
+        lease.started(job)
+        cut_off = self._arm_cancel(job, message)
+        try:
+            await self._call(message)
+        except asyncio.CancelledError:
+            if not cut_off():
+                raise
+            _uncancel()
+            lease.dropped(job)
+            return
+        except Exception as exc:
+            job.cancel = None
+            await self._failed(job, exc)
+            return
+        job.cancel = None
+        await self._settle(job)
+
+    async def _call(self, message: Message) -> None:
+        if self._is_async:
+            result = self._handler(message)
+            assert inspect.isawaitable(result)
+            await result
+            return
+        thread = self._pool.submit(self._handler, message)
+        try:
+            await asyncio.wrap_future(thread)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: it was told through message.cancel_event. Its job
+            # stays "running" until it returns, so its key cannot start twice in this process.
+            if not thread.done():
+                await asyncio.shield(asyncio.wrap_future(thread))
+            raise
+
+    def _arm_cancel(self, job: Job, message: Message) -> Callable[[], bool]:
+        """Let the lease cut this handler off; returns a probe: was it cut off?"""
+        task = asyncio.current_task()
+        state = {"cut": False}
+
+        def cancel() -> None:
+            state["cut"] = True
+            message.cancel_event.set()
+            if task is not None:
+                task.cancel()
+
+        job.cancel = cancel
+        return lambda: state["cut"]
+
+    def _message(self, job: Job) -> Message:
+        delivery = job.delivery
+        properties = delivery.header.properties
+        data: Any = None
+        if self._codec == "json":
+            try:
+                data = json.loads(delivery.body)
+            except ValueError as exc:
+                raise Undecodable(f"body is not JSON: {exc}") from None
+        return Message(
+            key=job.key,
+            body=delivery.body,
+            headers=dict(properties.headers or {}),
+            message_id=properties.message_id,
+            bucket=job.lease.bucket,
+            epoch=job.lease.epoch,
+            redelivered=job.redelivered,
+            attempt=job.attempt,
+            data=data,
+        )
+
+    # ------------------------------------------------------------ outcomes
+    async def _settle(self, job: Job) -> None:
+        if await job.lease.ack(job):
+            self.processed += 1
+            job.lease.finished(job)
+        else:
+            job.lease.dropped(job)
+
+    async def _failed(self, job: Job, error: Exception) -> None:
+        job.first_failure = job.first_failure or time.time()
+        delay = self._policy.next_delay(job.attempt)
+        log.warning(
+            "bucket %d epoch %d: handler failed (attempt %d): %s: %s",
+            job.lease.bucket,
+            job.lease.epoch,
+            job.attempt,
+            type(error).__name__,
+            error,
+        )
+        if delay is None:
+            await self._dead_letter(job, "handler-failed", error)
+            return
+        job.attempt += 1
+        self._retry_later(job, delay)
+
+    def _retry_later(self, job: Job, delay: float) -> None:
+        def again() -> None:
+            if job.lease.may_start(job):
+                self.dispatch(job)
+
+        asyncio.get_running_loop().call_later(delay, again)
+
+    async def _dead_letter(self, job: Job, reason: str, error: BaseException | None) -> None:
+        try:
+            await self._dead_letters.publish(job, reason, error)
+        except Exception as exc:
+            log.warning("bucket %d: dead-lettering failed (%r); retrying", job.lease.bucket, exc)
+            self._retry_later(job, self._policy.base_delay)
+            return
+        log.error(
+            "bucket %d epoch %d: message %s dead-lettered (%s)",
+            job.lease.bucket,
+            job.lease.epoch,
+            job.delivery.header.properties.message_id,
+            reason,
+        )
+        await self._settle(job)
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()

@@ -1,0 +1,283 @@
+"""The worker: one loop that waits on its triggers (stop, a change of assignment or of the
+ZooKeeper session, a lost AMQP connection, a finished drain) and then makes what it consumes
+match what ZooKeeper grants it.
+
+It consumes a bucket only while its current incarnation holds a grant for it at that epoch.
+A lost AMQP connection never brings consumers back by itself: after reconnecting, the loop
+subscribes again only what the assignment still grants, at the same epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import socket
+import time
+import uuid
+
+from aio_pika.abc import AbstractConnection
+
+from hashq.amqp import connect_amqp
+from hashq.bucket import BucketLease
+from hashq.deadletter import DeadLetters
+from hashq.errors import HashqError
+from hashq.membership import Membership, Session
+from hashq.provision import ensure_topology
+from hashq.retry import OnFailure, RetryPolicy
+from hashq.runner import Handler, Runners
+from hashq.settings import WorkerSettings
+from hashq.topology import Topology
+
+log = logging.getLogger(__name__)
+
+REMINDER_SECONDS = 30.0
+RECONNECT_SECONDS = 1.0
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    """Connecting and checking the topology; holds nothing."""
+    WAITING = "waiting"
+    """Registered, granted nothing: consumes nothing, waits for the coordinator."""
+    RUNNING = "running"
+    """Registered: consumes exactly its granted buckets."""
+    SUSPENDED = "suspended"
+    """ZooKeeper unreachable, session perhaps alive: starts nothing new."""
+    FENCED = "fenced"
+    """Session lost: every bucket was cut off; registering afresh."""
+    STOPPING = "stopping"
+    """Draining every bucket, then releasing and deregistering."""
+    STOPPED = "stopped"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, handler: Handler) -> None:
+        self.settings = settings
+        self.worker_id = settings.worker_id or default_worker_id()
+        self.topology = Topology.from_settings(settings)
+        self.state = WorkerState.STARTING
+        self._handler = handler
+        self._wake = asyncio.Event()
+        self._membership = Membership(settings, self.worker_id, settings.capacity, self._wake)
+        self._dead_letters = DeadLetters(self.topology, self.worker_id)
+        self._runners: Runners | None = None
+        self._connection: AbstractConnection | None = None
+        self._leases: dict[int, BucketLease] = {}
+        self._revoking: dict[int, asyncio.Task[None]] = {}
+        self._reminded = 0.0
+
+    # ------------------------------------------------------------ the loop
+    async def run(self, stop: asyncio.Event) -> None:
+        await ensure_topology(self.settings, check_bindings=False)
+        self._runners = Runners(
+            self._handler,
+            concurrency=self.settings.concurrency,
+            threads=self.settings.threads,
+            policy=self._policy(),
+            dead_letters=self._dead_letters,
+            codec=self.settings.codec,
+        )
+        try:
+            await self._membership.start()
+            await self._begin_incarnation()
+            while not stop.is_set():
+                await self._reconcile()
+                await self._wait(stop)
+        finally:
+            await self._shut_down()
+
+    async def _wait(self, stop: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        await asyncio.wait(waits, timeout=RECONNECT_SECONDS * 5, return_when="FIRST_COMPLETED")
+        for waiter in waits:
+            waiter.cancel()
+        self._wake.clear()
+
+    async def _reconcile(self) -> None:
+        session = self._membership.session
+        if session is Session.LOST:
+            await self._fence_self()
+            return
+        assert self._runners is not None
+        if session is Session.SUSPENDED:
+            self._runners.pause()
+            self._transition(WorkerState.SUSPENDED)
+            return
+        self._runners.resume()
+        if not await self._ensure_connection():
+            return
+        grants = self._membership.grants()
+        await self._release_ungranted(grants)
+        await self._subscribe_granted(grants)
+        self._transition(WorkerState.RUNNING if self._leases else WorkerState.WAITING)
+        self._remind_if_idle()
+
+    async def _release_ungranted(self, grants: dict[int, int]) -> None:
+        for bucket, lease in list(self._leases.items()):
+            if grants.get(bucket) != lease.epoch:
+                del self._leases[bucket]
+                self._revoking[bucket] = asyncio.ensure_future(self._revoke(lease))
+            elif not lease.channel_alive:
+                log.warning("bucket %d: channel lost; subscribing again", bucket)
+                del self._leases[bucket]
+                await lease.close()
+
+    async def _subscribe_granted(self, grants: dict[int, int]) -> None:
+        for bucket, epoch in sorted(grants.items()):
+            if bucket in self._leases or bucket in self._revoking:
+                continue
+            if not 0 <= bucket < self.topology.buckets:
+                log.error("granted bucket %d, which does not exist; ignored", bucket)
+                continue
+            await self._subscribe(bucket, epoch)
+
+    async def _subscribe(self, bucket: int, epoch: int) -> None:
+        assert self._connection is not None and self._runners is not None
+        queue = self.topology.bucket_queue(bucket)
+        lease = BucketLease(bucket, epoch, queue, self._runners.dispatch)
+        try:
+            await lease.open(self._connection, self.settings.prefetch)
+        except Exception as exc:
+            log.warning("bucket %d: subscribing failed: %r", bucket, exc)
+            await lease.close()
+            return
+        self._leases[bucket] = lease
+        log.info("bucket %d epoch %d: consuming (worker %s)", bucket, epoch, self.worker_id)
+
+    async def _revoke(self, lease: BucketLease) -> None:
+        """Drain, close, then release: nothing of the bucket is acknowledged after the release."""
+        log.info("bucket %d epoch %d: revoked; draining", lease.bucket, lease.epoch)
+        try:
+            await lease.drain(self.settings.drain_timeout)
+            await self._membership.write_release(lease.bucket, lease.epoch)
+        finally:
+            self._revoking.pop(lease.bucket, None)
+            self._wake.set()
+
+    # ------------------------------------------------------------ connections and sessions
+    async def _begin_incarnation(self) -> None:
+        incarnation = self._membership.new_incarnation()
+        name = f"hashq-worker-{self.worker_id}-{incarnation}"
+        await self._open_connection(name)
+        await self._membership.register(incarnation, name)
+
+    async def _open_connection(self, name: str) -> None:
+        self._connection = await connect_amqp(self.settings, name)
+        self._connection.close_callbacks.add(lambda *_: self._wake.set())
+        await self._dead_letters.open(self._connection)
+
+    async def _ensure_connection(self) -> bool:
+        """Reopen a lost AMQP connection under the same name; False while it cannot be had."""
+        if self._connection is not None and not self._connection.is_closed and self._alive():
+            return True
+        log.warning("AMQP connection lost; cutting off every bucket and reconnecting")
+        await self._cut_off_all()
+        try:
+            await self._open_connection(self._membership.connection_name)
+        except HashqError as exc:
+            log.warning("%s; retrying", exc)
+            await asyncio.sleep(RECONNECT_SECONDS)
+            self._wake.set()
+            return False
+        return True
+
+    def _alive(self) -> bool:
+        # aio-pika may leave is_closed False after a server-forced close; the transport tells.
+        underlay = getattr(self._connection, "transport", None)
+        return underlay is None or not getattr(underlay, "is_closed", False)
+
+    async def _fence_self(self) -> None:
+        """Session lost: the grants are void. Cut everything off, then register afresh."""
+        if self.state is not WorkerState.FENCED:
+            self._transition(WorkerState.FENCED)
+            await self._cut_off_all()
+            if self._connection is not None:
+                await _close_quietly(self._connection)
+                self._connection = None
+        if not self._membership.zk_connected:
+            asyncio.get_running_loop().call_later(0.2, self._wake.set)
+            return
+        try:
+            await self._begin_incarnation()
+        except HashqError as exc:
+            log.warning("registering again failed: %s; retrying", exc)
+            await asyncio.sleep(RECONNECT_SECONDS)
+            self._wake.set()
+
+    async def _cut_off_all(self) -> None:
+        """Close every bucket now, then wait (at most the drain timeout) until none of their
+        handlers runs, so that nothing redelivered can start beside its own earlier copy."""
+        for task in list(self._revoking.values()):
+            task.cancel()
+        leases = list(self._leases.values())
+        self._leases.clear()
+        self._revoking.clear()
+        await asyncio.gather(*(lease.close() for lease in leases))
+        timeout = self.settings.drain_timeout
+        await asyncio.gather(*(lease.settled(timeout) for lease in leases))
+
+    async def _shut_down(self) -> None:
+        self._transition(WorkerState.STOPPING)
+        leases = list(self._leases.values())
+        self._leases.clear()
+        if self._membership.session is Session.CONNECTED:
+            await asyncio.gather(*(self._revoke(lease) for lease in leases))
+        else:
+            await asyncio.gather(*(lease.close() for lease in leases))
+        await asyncio.gather(*self._revoking.values(), return_exceptions=True)
+        await self._membership.deregister()
+        await self._membership.close()
+        if self._runners is not None:
+            await self._runners.close()
+        if self._connection is not None:
+            await _close_quietly(self._connection)
+        self._transition(WorkerState.STOPPED)
+
+    # ------------------------------------------------------------ helpers
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.settings.max_attempts,
+            base_delay=self.settings.retry_base_delay,
+            max_delay=self.settings.retry_max_delay,
+            on_failure=OnFailure(self.settings.on_failure),
+        )
+
+    def _transition(self, state: WorkerState) -> None:
+        if state is self.state:
+            return
+        grants = {lease.bucket: lease.epoch for lease in self._leases.values()}
+        log.info(
+            "worker %s: %s -> %s (incarnation %s, grants %s)",
+            self.worker_id,
+            self.state.value,
+            state.value,
+            self._membership.incarnation or "-",
+            grants or "none",
+        )
+        self.state = state
+        self._reminded = 0.0
+
+    def _remind_if_idle(self) -> None:
+        if self.state is WorkerState.WAITING:
+            now = time.monotonic()
+            if now - self._reminded >= REMINDER_SECONDS or self._reminded == 0.0:
+                self._reminded = now
+                log.info(
+                    "worker %s waits for an assignment: no bucket granted yet "
+                    "(is a hashq-coordinator running for app %r?)",
+                    self.worker_id,
+                    self.settings.app,
+                )
+
+
+async def _close_quietly(connection: AbstractConnection) -> None:
+    try:
+        await connection.close()
+    except Exception as exc:
+        log.debug("closing connection: %r", exc)

@@ -1,0 +1,331 @@
+"""hashq-worker against real RabbitMQ and ZooKeeper, as real processes; grants are written to
+ZooKeeper by the test the way the coordinator writes them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hashq.provision import ensure_topology
+from hashq.publisher import Outgoing, Publisher
+from hashq.settings import Settings, WorkerSettings
+from tests.grants import Grants
+from tests.helpers import drain, queue_depths
+from tests.workers import WorkerProcess, check, wait_for_executions
+
+StartWorker = Callable[..., WorkerProcess]
+DEFAULT_PREFETCH = WorkerSettings.model_fields["prefetch"].default
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Path:
+    return tmp_path / "executions.jsonl"
+
+
+@pytest.fixture
+def grants(initialized: Settings) -> Iterator[Grants]:
+    writer = Grants(initialized.zk_hosts, initialized.app)
+    yield writer
+    writer.close()
+
+
+@pytest.fixture
+def start_worker(initialized: Settings, record: Path, tmp_path: Path) -> Iterator[StartWorker]:
+    started: list[WorkerProcess] = []
+
+    def start(
+        worker_id: str, handler: str = "tests.handlers:record", **extra: str
+    ) -> WorkerProcess:
+        worker = WorkerProcess(initialized, worker_id, handler, record, tmp_path, extra)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def workload(keys: int, per_key: int, seed: int = 7) -> tuple[list[Outgoing], dict[str, int]]:
+    """Messages of ``keys`` keys, each numbered 0..per_key-1, interleaved at random."""
+    rng = random.Random(seed)
+    order = [key for key in range(keys) for _ in range(per_key)]
+    rng.shuffle(order)
+    counters = [0] * keys
+    messages = []
+    for key in order:
+        body = json.dumps({"seq": counters[key]}).encode()
+        messages.append(Outgoing(f"k{key:05d}", body))
+        counters[key] += 1
+    return messages, {f"k{key:05d}": per_key for key in range(keys)}
+
+
+async def publish(settings: Settings, messages: list[Outgoing]) -> None:
+    async with Publisher(settings) as publisher:
+        await publisher.publish_many(messages)
+
+
+def split(buckets: int, epoch: int = 1) -> tuple[dict[int, int], dict[int, int]]:
+    half = buckets // 2
+    return (
+        dict.fromkeys(range(half), epoch),
+        dict.fromkeys(range(half, buckets), epoch),
+    )
+
+
+async def test_keys_in_order_never_overlapping_over_two_workers(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker("w1")
+    start_worker("w2", HASHQ_CONCURRENCY="16")
+    first, second = grants.wait_for_workers(2)
+    left, right = split(initialized.buckets)
+    grants.assign(first, left)
+    grants.assign(second, right)
+    messages, expected = workload(keys=1_000, per_key=20)
+    await publish(initialized, messages)
+
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert report.missing == []
+    assert report.skipped_ahead == []
+    assert report.overlaps == []
+    assert report.repeats == []
+    workers_seen = {r["worker"] for r in report_records(record)}
+    assert workers_seen == {"w1", "w2"}
+
+
+def report_records(path: Path) -> list[dict[str, object]]:
+    from tests.workers import read_records
+
+    return read_records(path)
+
+
+async def test_plain_function_handler_keeps_order(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker("w1", "tests.handlers:record_sync")
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    messages, expected = workload(keys=100, per_key=10)
+    await publish(initialized, messages)
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+
+
+async def test_kill_9_mid_run_then_buckets_go_to_the_other_worker(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    doomed = start_worker("w1", HASHQ_TEST_DELAY_MS="8")
+    start_worker("w2")
+    registrations = {r.worker_id: r for r in grants.wait_for_workers(2)}
+    left, right = split(initialized.buckets)
+    grants.assign(registrations["w1"], left)
+    grants.assign(registrations["w2"], right)
+    messages, expected = workload(keys=400, per_key=20)
+    await publish(initialized, messages)
+
+    await _wait_until(lambda: sum(r["worker"] == "w1" for r in report_records(record)) > 1500)
+    doomed.kill()
+    # The coordinator would now fence w1 and grant its buckets at the next epoch.
+    grants.assign(registrations["w2"], {**right, **dict.fromkeys(left, 2)})
+
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert report.missing == []
+    assert report.skipped_ahead == []
+    assert report.overlaps == []
+    for repeat in report.repeats:  # only redeliveries of what w1 held when it died
+        assert repeat["worker"] == "w2" and repeat["redelivered"] and repeat["epoch"] == 2
+        assert repeat["bucket"] in left
+    assert len(report.repeats) <= len(left) * DEFAULT_PREFETCH
+
+
+async def _wait_until(condition: Callable[[], bool], within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_poison_message_is_dead_lettered_while_other_keys_flow(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker(
+        "w1",
+        "tests.handlers:poison",
+        HASHQ_MAX_ATTEMPTS="3",
+        HASHQ_RETRY_BASE_DELAY="0.4",
+        HASHQ_RETRY_MAX_DELAY="1",
+    )
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    bad = [Outgoing("bad", json.dumps({"seq": n, "poison": n == 2}).encode()) for n in range(6)]
+    others, expected = workload(keys=200, per_key=10)
+    await publish(initialized, bad[:3])
+    await publish(initialized, others + bad[3:])
+
+    expected["bad"] = 6
+    report = await asyncio.to_thread(wait_for_executions, record, {**expected, "bad": 2}, 60)
+    await _wait_until(lambda: _ok_seqs(record, "bad") == [0, 1, 3, 4, 5])
+    report = check(record, {key: n for key, n in expected.items() if key != "bad"})
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+
+    failures = [r for r in report_records(record) if r["outcome"] == "failed"]
+    assert [f["attempt"] for f in failures] == [1, 2, 3]
+    first, last = failures[0]["start"], failures[-1]["start"]
+    flowing = [r for r in report_records(record) if r["key"] != "bad" and first < r["start"] < last]
+    assert flowing, "other keys waited for the poison message"
+    bad_after = [r for r in report_records(record) if r["key"] == "bad" and r["seq"] > 2]
+    assert min(r["start"] for r in bad_after) > last, "the key went on before its dead letter"
+
+    (dead,) = await drain(initialized, "hashq.t.dead")
+    assert json.loads(dead.body) == {"seq": 2, "poison": True}
+    assert dead.routing_key == "bad"
+    headers = dead.headers
+    assert headers["x-hashq-reason"] == "handler-failed"
+    assert headers["x-hashq-attempts"] == 3
+    assert headers["x-hashq-error-type"] == "ValueError"
+    assert "poison message bad/2" in str(headers["x-hashq-error"])
+    assert "ValueError" in str(headers["x-hashq-traceback"])
+    assert headers["x-hashq-key"] == "bad"
+    assert "x-hashq-first-failure" in headers and "x-hashq-last-failure" in headers
+
+
+def _ok_seqs(path: Path, key: str) -> list[int]:
+    records = [r for r in report_records(path) if r["key"] == key and r["outcome"] == "ok"]
+    return [int(r["seq"]) for r in sorted(records, key=lambda r: r["start"])]  # type: ignore[call-overload]
+
+
+async def test_undecodable_body_is_dead_lettered_with_its_reason(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker("w1", HASHQ_CODEC="json")
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    await publish(
+        initialized,
+        [
+            Outgoing("k", b'{"seq": 0}'),
+            Outgoing("k", b"not json at all"),
+            Outgoing("k", b'{"seq": 1}'),
+        ],
+    )
+    report = await asyncio.to_thread(wait_for_executions, record, {"k": 2}, 30)
+    assert (report.missing, report.skipped_ahead) == ([], [])
+    deadline = time.monotonic() + 30
+    while await _depth(initialized, "hashq.t.dead") < 1:
+        assert time.monotonic() < deadline, "nothing dead-lettered"
+        await asyncio.sleep(0.1)
+    (dead,) = await drain(initialized, "hashq.t.dead")
+    assert dead.body == b"not json at all"
+    assert dead.headers["x-hashq-reason"] == "undecodable"
+    assert "not JSON" in str(dead.headers["x-hashq-error"])
+
+
+async def _depth(settings: Settings, queue: str) -> int:
+    return (await queue_depths(settings))[queue]
+
+
+async def test_revoke_under_load_releases_after_the_last_ack(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker("w1", HASHQ_TEST_DELAY_MS="20")
+    start_worker("w2", HASHQ_TEST_DELAY_MS="20")
+    registrations = {r.worker_id: r for r in grants.wait_for_workers(2)}
+    everything = dict.fromkeys(range(initialized.buckets), 1)
+    grants.assign(registrations["w1"], everything)
+    messages, expected = workload(keys=300, per_key=20)
+    await publish(initialized, messages)
+    await _wait_until(lambda: len(report_records(record)) > 1000)
+
+    grants.assign(registrations["w1"], {})
+    releases = [
+        await asyncio.to_thread(grants.wait_for_release, bucket, 1) for bucket in everything
+    ]
+    released_at = {
+        release.bucket: grants.zk.get(grants.paths.release(release.bucket))[1].mtime / 1000
+        for release in releases
+    }
+    grants.assign(registrations["w2"], dict.fromkeys(everything, 2))
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert report.repeats == [], "the next owner did not start exactly where the old one stopped"
+    by_w1 = [r for r in report_records(record) if r["worker"] == "w1"]
+    for run in by_w1:
+        assert run["end"] <= released_at[run["bucket"]] + 0.002  # type: ignore[index,operator]
+    assert {r["worker"] for r in report_records(record)} == {"w1", "w2"}
+
+
+async def test_sigterm_drains_releases_and_exits_0(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    first = start_worker("w1", HASHQ_TEST_DELAY_MS="10")
+    (registration,) = grants.wait_for_workers(1)
+    everything = dict.fromkeys(range(initialized.buckets), 1)
+    grants.assign(registration, everything)
+    messages, expected = workload(keys=300, per_key=10)
+    await publish(initialized, messages)
+    await _wait_until(lambda: len(report_records(record)) > 500)
+
+    first.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(first.wait, 60) == 0, first.output()
+    for bucket in everything:
+        assert grants.release(bucket) is not None
+    assert "w1" not in grants.workers()
+
+    start_worker("w2")
+    (second,) = [r for r in grants.wait_for_workers(1) if r.worker_id == "w2"]
+    grants.assign(second, dict.fromkeys(everything, 2))
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert report.repeats == []
+
+
+async def test_bucket_moved_more_often_than_the_delivery_limit_loses_nothing(
+    settings: Settings, record: Path, tmp_path: Path
+) -> None:
+    """Every message a closed channel hands back counts toward a quorum queue's delivery limit;
+    the drain finishes what was delivered, so moves do not push healthy messages over it."""
+    strict = settings.model_copy(update={"buckets": 1, "delivery_limit": 2})
+    await ensure_topology(strict)
+    writer = Grants(strict.zk_hosts, strict.app)
+    # Few keys and a deep prefetch: each owner holds many delivered, unstarted messages.
+    slow = {"HASHQ_TEST_DELAY_MS": "40", "HASHQ_PREFETCH": "200"}
+    workers = [
+        WorkerProcess(strict, name, "tests.handlers:record", record, tmp_path, slow)
+        for name in ("w1", "w2")
+    ]
+    try:
+        registrations = {r.worker_id: r for r in writer.wait_for_workers(2)}
+        messages, expected = workload(keys=5, per_key=400)
+        await publish(strict, messages)
+        for epoch in range(1, 9):
+            owner = registrations["w1" if epoch % 2 else "w2"]
+            writer.assign(owner, {0: epoch})
+            await asyncio.sleep(0.4)
+            writer.assign(owner, {})
+            await asyncio.to_thread(writer.wait_for_release, 0, epoch)
+        writer.assign(registrations["w1"], {0: 9})
+        report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+        assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+        assert (await queue_depths(strict))["hashq.t.dead"] == 0
+        epochs = {r["epoch"] for r in report_records(record)}
+        assert len(epochs) >= 6, f"the bucket did not really move: epochs {epochs}"
+    finally:
+        for worker in workers:
+            worker.stop()
+        writer.close()
+
+
+async def test_without_a_coordinator_the_worker_says_it_waits(
+    grants: Grants, start_worker: StartWorker
+) -> None:
+    worker = start_worker("w1")
+    grants.wait_for_workers(1)
+    await _wait_until(lambda: "waits for an assignment" in worker.output(), within=20)

@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings, WorkerSettings
 from tests.grants import Grants
 from tests.helpers import drain, queue_depths
-from tests.workers import WorkerProcess, check, wait_for_executions
+from tests.workers import WorkerProcess, check, read_records, wait_for_executions
 
 StartWorker = Callable[..., WorkerProcess]
 DEFAULT_PREFETCH = WorkerSettings.model_fields["prefetch"].default
@@ -100,9 +101,7 @@ async def test_keys_in_order_never_overlapping_over_two_workers(
     assert workers_seen == {"w1", "w2"}
 
 
-def report_records(path: Path) -> list[dict[str, object]]:
-    from tests.workers import read_records
-
+def report_records(path: Path) -> list[dict[str, Any]]:
     return read_records(path)
 
 
@@ -198,7 +197,7 @@ async def test_poison_message_is_dead_lettered_while_other_keys_flow(
 
 def _ok_seqs(path: Path, key: str) -> list[int]:
     records = [r for r in report_records(path) if r["key"] == key and r["outcome"] == "ok"]
-    return [int(r["seq"]) for r in sorted(records, key=lambda r: r["start"])]  # type: ignore[call-overload]
+    return [int(r["seq"]) for r in sorted(records, key=lambda r: r["start"])]
 
 
 async def test_undecodable_body_is_dead_lettered_with_its_reason(
@@ -258,7 +257,7 @@ async def test_revoke_under_load_releases_after_the_last_ack(
     assert report.repeats == [], "the next owner did not start exactly where the old one stopped"
     by_w1 = [r for r in report_records(record) if r["worker"] == "w1"]
     for run in by_w1:
-        assert run["end"] <= released_at[run["bucket"]] + 0.002  # type: ignore[index,operator]
+        assert run["end"] <= released_at[run["bucket"]] + 0.002
     assert {r["worker"] for r in report_records(record)} == {"w1", "w2"}
 
 

@@ -110,9 +110,12 @@ def check(path: Path, expected: dict[str, int]) -> Report:
     for key, count in expected.items():
         runs = sorted(by_key.get(key, []), key=lambda r: r["start"])
         done: set[int] = set()
-        for previous, current in zip(runs, runs[1:], strict=False):
-            if current["start"] < previous["end"]:
-                report.overlaps.append(f"{key}: {previous['seq']} and {current['seq']}")
+        latest: dict[str, Any] | None = None  # the run that ends last so far
+        for run in runs:
+            if latest is not None and run["start"] < latest["end"]:
+                report.overlaps.append(f"{key}: {latest['seq']} and {run['seq']}")
+            if latest is None or run["end"] > latest["end"]:
+                latest = run
         for run in runs:
             seq = run["seq"]
             if seq in done:

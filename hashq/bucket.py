@@ -121,9 +121,11 @@ class BucketLease:
         self._running.discard(job)
         if not self._running:
             self._settled.set()
+        if self.state is LeaseState.CLOSED:
+            return  # the channel handed everything back: nothing is held any more
         self._held -= 1
         following = self._lanes.done(job.key)
-        if following is not None and self.state is not LeaseState.CLOSED:
+        if following is not None:
             self._dispatch(following)
         if self._held == 0:
             self._idle.set()
@@ -191,6 +193,8 @@ class BucketLease:
             if job.cancel is not None:
                 job.cancel()
         self._lanes.clear()
+        self._held = 0
+        self._idle.set()
         channel, self._channel = self._channel, None
         if channel is not None and not channel.is_closed:
             try:

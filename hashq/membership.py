@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.recipe.watchers import DataWatch
 
 from hashq.errors import ConfigError, ServiceUnavailable
@@ -127,6 +127,38 @@ class Membership:
             zk, self._zk = self._zk, None
             await asyncio.to_thread(close_zk, zk)
 
+    def suspect(self) -> None:
+        """The process may have been paused: act as SUSPENDED until ``confirm`` says otherwise."""
+        if self.session is Session.CONNECTED:
+            self.session = Session.SUSPENDED
+            self.changed.set()
+
+    async def confirm(self) -> None:
+        """While SUSPENDED: ask ZooKeeper whether our registration (hence our session) lives."""
+        try:
+            verdict = await asyncio.wait_for(asyncio.to_thread(self._probe), 5)
+        except TimeoutError:
+            verdict = Session.SUSPENDED
+        if self.session is Session.SUSPENDED and verdict is not Session.SUSPENDED:
+            log.info("worker %s: ZooKeeper session %s", self.worker_id, verdict.value)
+            self.session = verdict
+            self.changed.set()
+
+    def _probe(self) -> Session:
+        if self._zk is None or not self._zk.connected:
+            return Session.SUSPENDED
+        try:
+            data, stat = self._zk.get(self._paths.worker(self.worker_id))
+        except NoNodeError:
+            return Session.LOST
+        except SessionExpiredError:
+            return Session.LOST
+        except KazooException:
+            return Session.SUSPENDED
+        ours = stat.ephemeralOwner == self._zk.client_id[0]
+        current = Registration.decode(data).incarnation == self.incarnation
+        return Session.CONNECTED if ours and current else Session.LOST
+
     # ------------------------------------------------------------ what the loop reads
     def grants(self) -> dict[int, int]:
         """Bucket -> epoch this incarnation may consume now (none unless CONNECTED)."""
@@ -187,8 +219,12 @@ class Membership:
     def _store(self, name: str, value: Any) -> None:
         if name == "session":
             # LOST sticks until the worker has registered again: a later CONNECTED belongs to
-            # a new session whose registration does not exist yet.
-            if not (self.session is Session.LOST and value is Session.CONNECTED):
+            # a new session whose registration does not exist yet. CONNECTED after SUSPENDED is
+            # taken only from ``confirm``, which checks the registration is still ours.
+            if value is Session.CONNECTED:
+                self.changed.set()
+                return
+            if self.session is not Session.LOST:
                 self.session = value
         else:
             self.assignment = value

@@ -43,6 +43,7 @@ class Runners:
         policy: RetryPolicy,
         dead_letters: DeadLetters,
         codec: str,
+        awake: Callable[[], bool] = lambda: True,
     ) -> None:
         self._handler = handler
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
@@ -52,6 +53,7 @@ class Runners:
         self._policy = policy
         self._dead_letters = dead_letters
         self._codec = codec
+        self._awake = awake
         self._ready: asyncio.Queue[Job] = asyncio.Queue()
         self._may_start = asyncio.Event()
         self._may_start.set()
@@ -81,6 +83,8 @@ class Runners:
         while True:
             await self._may_start.wait()
             job = await self._ready.get()
+            if not self._awake():
+                self.pause()  # the process was paused: the worker confirms its session first
             if not self._may_start.is_set():
                 self._ready.put_nowait(job)  # paused while we waited: leave it for later
                 continue

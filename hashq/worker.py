@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 REMINDER_SECONDS = 30.0
 RECONNECT_SECONDS = 1.0
+CONFIRM_SECONDS = 0.3
+TICK_SECONDS = 0.1
 
 
 class WorkerState(enum.Enum):
@@ -69,8 +71,12 @@ class Worker:
         self._runners: Runners | None = None
         self._connection: AbstractConnection | None = None
         self._leases: dict[int, BucketLease] = {}
-        self._revoking: dict[int, asyncio.Task[None]] = {}
+        self._revoking: dict[int, BucketLease] = {}  # draining; each has a task writing its release
+        self._revoke_tasks: set[asyncio.Task[None]] = set()
         self._reminded = 0.0
+        self._confirming: asyncio.Future[None] | None = None
+        self._last_tick = time.monotonic()
+        self._pause_limit = max(0.5, settings.zk_session_timeout / 4)
 
     # ------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
@@ -82,7 +88,9 @@ class Worker:
             policy=self._policy(),
             dead_letters=self._dead_letters,
             codec=self.settings.codec,
+            awake=self._awake,
         )
+        watchdog = asyncio.ensure_future(self._watch_for_pauses())
         try:
             await self._membership.start()
             await self._begin_incarnation()
@@ -90,7 +98,42 @@ class Worker:
                 await self._reconcile()
                 await self._wait(stop)
         finally:
+            watchdog.cancel()
             await self._shut_down()
+
+    def _confirm_soon(self) -> None:
+        """Ask ZooKeeper, in the background, whether the session survived; the answer wakes the
+        loop. One question at a time."""
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.ensure_future(self._confirm_after(CONFIRM_SECONDS))
+
+    async def _confirm_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._membership.confirm()
+        self._wake.set()
+
+    def _awake(self) -> bool:
+        """False when the pause watchdog has not ticked for too long: the process was stopped
+        and may not have noticed yet that its session expired."""
+        return time.monotonic() - self._last_tick <= self._pause_limit
+
+    async def _watch_for_pauses(self) -> None:
+        """A process stopped (SIGSTOP, a long GC, a starved VM) may come back after its session
+        expired, holding deliveries it must not start. A tick that comes much too late means
+        such a pause: start nothing until ZooKeeper confirms the session."""
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            now = time.monotonic()
+            last, self._last_tick = self._last_tick, now
+            if now - last > self._pause_limit and self._membership.session is Session.CONNECTED:
+                log.warning(
+                    "worker %s was paused for %.1fs; checking its session",
+                    self.worker_id,
+                    now - last,
+                )
+                self._membership.suspect()
+                assert self._runners is not None
+                self._runners.pause()
 
     async def _wait(self, stop: asyncio.Event) -> None:
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
@@ -108,6 +151,7 @@ class Worker:
         if session is Session.SUSPENDED:
             self._runners.pause()
             self._transition(WorkerState.SUSPENDED)
+            self._confirm_soon()
             return
         self._runners.resume()
         if not await self._ensure_connection():
@@ -122,7 +166,10 @@ class Worker:
         for bucket, lease in list(self._leases.items()):
             if grants.get(bucket) != lease.epoch:
                 del self._leases[bucket]
-                self._revoking[bucket] = asyncio.ensure_future(self._revoke(lease))
+                self._revoking[bucket] = lease
+                task = asyncio.ensure_future(self._revoke(lease))
+                self._revoke_tasks.add(task)
+                task.add_done_callback(self._revoke_tasks.discard)
             elif not lease.channel_alive:
                 log.warning("bucket %d: channel lost; subscribing again", bucket)
                 del self._leases[bucket]
@@ -174,7 +221,7 @@ class Worker:
 
     async def _ensure_connection(self) -> bool:
         """Reopen a lost AMQP connection under the same name; False while it cannot be had."""
-        if self._connection is not None and not self._connection.is_closed and self._alive():
+        if self._connection_usable():
             return True
         log.warning("AMQP connection lost; cutting off every bucket and reconnecting")
         await self._cut_off_all()
@@ -187,10 +234,13 @@ class Worker:
             return False
         return True
 
-    def _alive(self) -> bool:
-        # aio-pika may leave is_closed False after a server-forced close; the transport tells.
-        underlay = getattr(self._connection, "transport", None)
-        return underlay is None or not getattr(underlay, "is_closed", False)
+    def _connection_usable(self) -> bool:
+        # After a server-forced close aio-pika may leave is_closed False; its transport tells.
+        connection = self._connection
+        if connection is None or connection.is_closed:
+            return False
+        underlay = getattr(connection, "transport", None)
+        return underlay is not None and not underlay.connection.is_closed
 
     async def _fence_self(self) -> None:
         """Session lost: the grants are void. Cut everything off, then register afresh."""
@@ -212,12 +262,10 @@ class Worker:
 
     async def _cut_off_all(self) -> None:
         """Close every bucket now, then wait (at most the drain timeout) until none of their
-        handlers runs, so that nothing redelivered can start beside its own earlier copy."""
-        for task in list(self._revoking.values()):
-            task.cancel()
-        leases = list(self._leases.values())
+        handlers runs, so that nothing redelivered can start beside its own earlier copy.
+        Buckets being revoked finish their revoke: closed, they release at once."""
+        leases = [*self._leases.values(), *self._revoking.values()]
         self._leases.clear()
-        self._revoking.clear()
         await asyncio.gather(*(lease.close() for lease in leases))
         timeout = self.settings.drain_timeout
         await asyncio.gather(*(lease.settled(timeout) for lease in leases))
@@ -230,7 +278,7 @@ class Worker:
             await asyncio.gather(*(self._revoke(lease) for lease in leases))
         else:
             await asyncio.gather(*(lease.close() for lease in leases))
-        await asyncio.gather(*self._revoking.values(), return_exceptions=True)
+        await asyncio.gather(*self._revoke_tasks, return_exceptions=True)
         await self._membership.deregister()
         await self._membership.close()
         if self._runners is not None:

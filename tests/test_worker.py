@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
+from hashq.management import Management
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings, WorkerSettings
 from tests.grants import Grants
-from tests.helpers import drain, queue_depths
+from tests.helpers import close_connection_named, drain, queue_depths, wait_for_connection
 from tests.workers import WorkerProcess, check, read_records, wait_for_executions
 
 StartWorker = Callable[..., WorkerProcess]
@@ -328,3 +329,91 @@ async def test_without_a_coordinator_the_worker_says_it_waits(
     worker = start_worker("w1")
     grants.wait_for_workers(1)
     await _wait_until(lambda: "waits for an assignment" in worker.output(), within=20)
+
+
+async def test_paused_worker_whose_session_expired_fences_itself(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    worker = start_worker("w1", HASHQ_ZK_SESSION_TIMEOUT="2", HASHQ_TEST_DELAY_MS="20")
+    (before,) = grants.wait_for_workers(1)
+    grants.assign(before, dict.fromkeys(range(initialized.buckets), 1))
+    messages, expected = workload(keys=100, per_key=40)
+    await publish(initialized, messages)
+    await _wait_until(lambda: len(report_records(record)) > 300)
+
+    worker.signal(signal.SIGSTOP)
+    stopped_at = time.time()
+    await asyncio.sleep(6)  # three session timeouts: ZooKeeper expires the session
+    worker.signal(signal.SIGCONT)
+    after = await asyncio.to_thread(_new_incarnation, grants, before.incarnation)
+    await asyncio.sleep(1.0)
+
+    late = [r for r in report_records(record) if r["start"] > stopped_at + 0.05]
+    assert late == [], f"{len(late)} messages started under a grant of a lost session"
+    assert "fenced" in worker.output()
+
+    grants.assign(after, dict.fromkeys(range(initialized.buckets), 2))
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert all(r["epoch"] == 2 for r in report.repeats)
+
+
+def _new_incarnation(grants: Grants, old: str, within: float = 30) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        current = grants.workers().get("w1")
+        if current is not None and current.incarnation != old:
+            return current
+        time.sleep(0.1)
+    raise AssertionError("the worker did not register again after losing its session")
+
+
+async def test_forced_close_reconnects_only_what_is_still_granted(
+    initialized: Settings,
+    grants: Grants,
+    start_worker: StartWorker,
+    record: Path,
+    management: Management,
+) -> None:
+    worker = start_worker("w1", HASHQ_TEST_DELAY_MS="10")
+    (registration,) = grants.wait_for_workers(1)
+    kept = {b: 1 for b in range(initialized.buckets) if b != 0}
+    grants.assign(registration, {**kept, 0: 1})
+    messages, expected = workload(keys=200, per_key=20)
+    await publish(initialized, messages)
+    await wait_for_connection(management, registration.connection)
+    await _wait_until(lambda: len(report_records(record)) > 500)
+
+    # While the connection is down, bucket 0 is taken away: it must not come back with it.
+    grants.assign(registration, kept)
+    await close_connection_named(management, registration.connection)
+    await _wait_until(lambda: "AMQP connection lost" in worker.output(), within=30)
+
+    await asyncio.sleep(2)  # let the reconnected worker settle before reading bucket 0 back
+    bucket_zero_keys = await _keys_of_bucket(initialized, 0, record)
+    rest = {key: n for key, n in expected.items() if key not in bucket_zero_keys}
+    report = await asyncio.to_thread(wait_for_executions, record, rest, 120)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert all(r["redelivered"] and r["epoch"] == 1 for r in report.repeats)
+    resumed = [
+        r for r in report_records(record) if r["bucket"] == 0 and r["start"] > _closed_at(worker)
+    ]
+    assert resumed == [], "bucket 0 was consumed again after the reconnect without a grant"
+
+
+async def _keys_of_bucket(settings: Settings, bucket: int, records: Path) -> set[str]:
+    """Keys of ``bucket``: those executed from it, and those still queued in it."""
+    seen = {str(r["key"]) for r in report_records(records) if r["bucket"] == bucket}
+    for message in await drain(settings, f"hashq.t.b{bucket:04d}"):
+        seen.add(str(message.routing_key))
+    return seen
+
+
+def _closed_at(worker: WorkerProcess) -> float:
+    for line in worker.output().splitlines():
+        if "AMQP connection lost" in line:
+            stamp = line[:23]
+            return time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + float(
+                "0." + stamp[20:23]
+            )
+    raise AssertionError("no reconnect in the log")

@@ -13,9 +13,10 @@ from hashq.errors import (
     SettingsError,
     TopologyMismatch,
 )
+from hashq.message import Message
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
-from hashq.settings import Settings, load_settings
+from hashq.settings import Settings, WorkerSettings, load_settings
 from hashq.topology import Topology
 
 __version__ = "0.1.0"
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigError",
     "HashqError",
     "InvalidMessage",
+    "Message",
     "MessageNacked",
     "MessageUnroutable",
     "Outgoing",
@@ -34,6 +36,7 @@ __all__ = [
     "ServiceUnavailable",
     "Settings",
     "SettingsError",
+    "WorkerSettings",
     "Topology",
     "TopologyMismatch",
     "ensure_topology",

@@ -36,9 +36,9 @@ __all__ = [
     "ServiceUnavailable",
     "Settings",
     "SettingsError",
-    "WorkerSettings",
     "Topology",
     "TopologyMismatch",
+    "WorkerSettings",
     "ensure_topology",
     "load_settings",
 ]

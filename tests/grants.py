@@ -45,6 +45,15 @@ class Grants:
             time.sleep(0.1)
         raise AssertionError(f"{count} workers did not register within {within}s")
 
+    def wait_for_worker(self, worker_id: str, within: float = 30) -> Registration:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            found = self.workers().get(worker_id)
+            if found is not None:
+                return found
+            time.sleep(0.1)
+        raise AssertionError(f"worker {worker_id} did not register within {within}s")
+
     def assignment(self, worker_id: str) -> Assignment | None:
         try:
             return Assignment.decode(self.zk.get(self.paths.assignment(worker_id))[0])

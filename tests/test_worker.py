@@ -280,7 +280,7 @@ async def test_sigterm_drains_releases_and_exits_0(
     assert "w1" not in grants.workers()
 
     start_worker("w2")
-    (second,) = [r for r in grants.wait_for_workers(1) if r.worker_id == "w2"]
+    second = grants.wait_for_worker("w2")
     grants.assign(second, dict.fromkeys(everything, 2))
     report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
     assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
@@ -417,3 +417,28 @@ def _closed_at(worker: WorkerProcess) -> float:
                 "0." + stamp[20:23]
             )
     raise AssertionError("no reconnect in the log")
+
+
+async def test_second_signal_exits_at_once_and_loses_nothing(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    slow = start_worker("w1", HASHQ_TEST_DELAY_MS="3000", HASHQ_DRAIN_TIMEOUT="60")
+    (first,) = grants.wait_for_workers(1)
+    everything = dict.fromkeys(range(initialized.buckets), 1)
+    grants.assign(first, everything)
+    messages, expected = workload(keys=50, per_key=4)
+    await publish(initialized, messages)
+    await asyncio.sleep(1.0)  # handlers are running, each for up to 3 s
+
+    slow.signal(signal.SIGTERM)
+    await asyncio.sleep(0.3)
+    slow.signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert await asyncio.to_thread(slow.wait, 10) == 130
+    assert time.monotonic() - started < 5
+
+    start_worker("w2")
+    second = grants.wait_for_worker("w2")
+    grants.assign(second, dict.fromkeys(everything, 2))
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.missing, report.skipped_ahead) == ([], [])

@@ -9,6 +9,7 @@ values, never the callbacks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -172,7 +173,7 @@ class Membership:
         release = Release(self.worker_id, self.incarnation, bucket, epoch)
         while True:
             try:
-                await asyncio.to_thread(self._set_or_create, self._paths.release(bucket), release)
+                await asyncio.to_thread(self._create, self._paths.release(bucket, epoch), release)
                 log.info("bucket %d epoch %d released by %s", bucket, epoch, self.worker_id)
                 return
             except Exception as exc:
@@ -184,16 +185,12 @@ class Membership:
                 log.warning("bucket %d: writing the release failed (%r); retrying", bucket, exc)
                 await asyncio.sleep(0.5)
 
-    def _set_or_create(self, path: str, release: Release) -> None:
+    def _create(self, path: str, release: Release) -> None:
         if self._zk is None:
             raise ServiceUnavailable("ZooKeeper client closed")
-        try:
-            self._zk.set(path, release.encode())
-        except NoNodeError:
-            try:
-                self._zk.create(path, release.encode(), makepath=True)
-            except NodeExistsError:
-                self._zk.set(path, release.encode())
+        # Already there if written before: a release is written once per bucket and epoch.
+        with contextlib.suppress(NodeExistsError):
+            self._zk.create(path, release.encode(), makepath=True)
 
     # ------------------------------------------------------------ kazoo threads -> loop
     def _on_state(self, state: str) -> None:

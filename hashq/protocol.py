@@ -8,7 +8,10 @@ Under ``/hashq/<app>``:
 - ``assignments/<worker_id>`` (persistent; the coordinator writes): an ``Assignment``, the
   buckets that worker may consume and the epoch of each grant;
 - ``buckets/<NNNN>`` (persistent; the coordinator writes): a ``BucketRecord``;
-- ``releases/<NNNN>`` (persistent; the worker that held the bucket writes): a ``Release``.
+- ``releases/<NNNN>-<epoch>`` (persistent; the worker that held the bucket creates it, the
+  coordinator deletes it once acted upon): a ``Release``;
+- ``leader`` (persistent; the leading coordinator writes): a ``Leadership``. Every write of the
+  leader checks this node's version, so a deposed leader's writes fail.
 """
 
 from __future__ import annotations
@@ -55,8 +58,27 @@ class Paths:
     def bucket(self, index: int) -> str:
         return f"{self.buckets}/{index:04d}"
 
-    def release(self, index: int) -> str:
-        return f"{self.releases}/{index:04d}"
+    def release(self, index: int, epoch: int) -> str:
+        return f"{self.releases}/{release_name(index, epoch)}"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.root}/leader"
+
+    @property
+    def election(self) -> str:
+        return f"{self.root}/election"
+
+
+def release_name(index: int, epoch: int) -> str:
+    return f"{index:04d}-{epoch:010d}"
+
+
+def parse_release_name(name: str) -> tuple[int, int] | None:
+    bucket, _, epoch = name.partition("-")
+    if not (bucket.isdigit() and epoch.isdigit()):
+        return None
+    return int(bucket), int(epoch)
 
 
 def _encode(record: Any) -> bytes:
@@ -120,12 +142,16 @@ class Assignment:
 
 @dataclass(frozen=True)
 class BucketRecord:
-    """The coordinator's record of one bucket. ``epoch`` only ever grows."""
+    """The coordinator's record of one bucket. ``epoch`` only ever grows. While a bucket moves
+    (``revoking``, ``fencing``), ``target`` names the worker it goes to and ``since`` (Unix
+    time) when the move began, so that a new leader continues a half-done handover."""
 
     state: str = BucketState.UNASSIGNED.value
     owner: str | None = None
     incarnation: str | None = None
     epoch: int = 0
+    target: str | None = None
+    since: float = 0.0
 
     def encode(self) -> bytes:
         return _encode(self)
@@ -137,6 +163,21 @@ class BucketRecord:
     @property
     def bucket_state(self) -> BucketState:
         return BucketState(self.state)
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """Who leads, and the leader epoch: it grows with every new leader."""
+
+    leader: str
+    epoch: int
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Leadership:
+        return cls(**_fields(data, "leader"))
 
 
 @dataclass(frozen=True)

@@ -80,17 +80,17 @@ class Grants:
         results = transaction.commit()
         assert not any(isinstance(r, Exception) for r in results), results
 
-    def release(self, bucket: int) -> Release | None:
+    def release(self, bucket: int, epoch: int) -> Release | None:
         try:
-            return Release.decode(self.zk.get(self.paths.release(bucket))[0])
+            return Release.decode(self.zk.get(self.paths.release(bucket, epoch))[0])
         except NoNodeError:
             return None
 
     def wait_for_release(self, bucket: int, epoch: int, within: float = 60) -> Release:
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
-            found = self.release(bucket)
-            if found is not None and found.epoch == epoch:
+            found = self.release(bucket, epoch)
+            if found is not None:
                 return found
             time.sleep(0.05)
         raise AssertionError(f"bucket {bucket} epoch {epoch} not released within {within}s")

@@ -248,7 +248,7 @@ async def test_revoke_under_load_releases_after_the_last_ack(
         await asyncio.to_thread(grants.wait_for_release, bucket, 1) for bucket in everything
     ]
     released_at = {
-        release.bucket: grants.zk.get(grants.paths.release(release.bucket))[1].mtime / 1000
+        release.bucket: grants.zk.get(grants.paths.release(release.bucket, 1))[1].mtime / 1000
         for release in releases
     }
     grants.assign(registrations["w2"], dict.fromkeys(everything, 2))
@@ -276,7 +276,7 @@ async def test_sigterm_drains_releases_and_exits_0(
     first.signal(signal.SIGTERM)
     assert await asyncio.to_thread(first.wait, 60) == 0, first.output()
     for bucket in everything:
-        assert grants.release(bucket) is not None
+        assert grants.release(bucket, 1) is not None
     assert "w1" not in grants.workers()
 
     start_worker("w2")

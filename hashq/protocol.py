@@ -70,6 +70,11 @@ class Paths:
         return f"{self.root}/election"
 
 
+def worker_connection_name(worker_id: str, incarnation: str) -> str:
+    """The AMQP connection name of one worker incarnation: what the coordinator cuts off."""
+    return f"hashq-worker-{worker_id}-{incarnation}"
+
+
 def release_name(index: int, epoch: int) -> str:
     return f"{index:04d}-{epoch:010d}"
 

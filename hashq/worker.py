@@ -24,6 +24,7 @@ from hashq.bucket import BucketLease
 from hashq.deadletter import DeadLetters
 from hashq.errors import HashqError
 from hashq.membership import Membership, Session
+from hashq.protocol import worker_connection_name
 from hashq.provision import ensure_topology
 from hashq.retry import OnFailure, RetryPolicy
 from hashq.runner import Handler, Runners
@@ -210,7 +211,7 @@ class Worker:
     # ------------------------------------------------------------ connections and sessions
     async def _begin_incarnation(self) -> None:
         incarnation = self._membership.new_incarnation()
-        name = f"hashq-worker-{self.worker_id}-{incarnation}"
+        name = worker_connection_name(self.worker_id, incarnation)
         await self._open_connection(name)
         await self._membership.register(incarnation, name)
 

@@ -1,0 +1,292 @@
+"""The coordinator: one loop that waits on its triggers (stop, a change of workers or releases,
+a session change, a finished fence, a tick) and, while it leads, takes one handover step.
+
+Any number of coordinators may run; one leads, through a ZooKeeper lock, and the others stand
+by. All state lives in ZooKeeper, so a new leader continues from it, including a handover that
+was half done. Every write of the leader checks the leader node's version (see ``store``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import socket
+import time
+import uuid
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.recipe.lock import Lock
+from kazoo.recipe.watchers import ChildrenWatch
+
+from coordinator.fence import fence
+from coordinator.handover import Incarnation, View, assignments, committed_owners, step
+from coordinator.planner import plan
+from coordinator.settings import CoordinatorSettings
+from coordinator.store import Deposed, Member, Store
+from hashq.management import Management
+from hashq.protocol import Assignment, BucketRecord, Paths, Registration
+from hashq.provision import ensure_topology
+from hashq.zk import close_zk, connect_zk
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.5
+
+
+class Role(enum.Enum):
+    CANDIDATE = "candidate"
+    """Waiting for the lock: writes nothing."""
+    LEADER = "leader"
+    """Holds the lock and the current leader epoch: the only one that writes decisions."""
+    STOPPED = "stopped"
+
+
+class Coordinator:
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self.me = settings.coordinator_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        )
+        self.role = Role.CANDIDATE
+        self._paths = Paths(settings.app)
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._management = Management(settings)
+        self._zk: KazooClient | None = None
+        self._store: Store | None = None
+        self._lock: Lock | None = None
+        self._leader_version = 0
+        self._leader_epoch = 0
+        self._records: dict[int, BucketRecord] = {}
+        self._written: dict[str, Assignment] = {}
+        self._members: set[Incarnation] = set()
+        self._changed_at = 0.0
+        self._seen: dict[Incarnation, float] = {}  # registration times, for fencing
+        self._fenced: set[Incarnation] = set()
+        self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
+
+    # ------------------------------------------------------------ the loop
+    async def run(self, stop: asyncio.Event) -> None:
+        topology = await ensure_topology(self.settings, check_bindings=False)
+        zk = await asyncio.to_thread(connect_zk, self.settings)
+        self._zk = zk
+        self._store = Store(zk, self._paths, topology.buckets)
+        await asyncio.to_thread(self._store.ensure_paths)
+        zk.add_listener(self._on_session)
+        ChildrenWatch(zk, self._paths.workers, self._on_children)
+        ChildrenWatch(zk, self._paths.releases, self._on_children)
+        campaign = asyncio.ensure_future(self._campaign())
+        try:
+            while not stop.is_set():
+                if self.role is Role.LEADER:
+                    await self._lead_once()
+                await self._wait(stop)
+        finally:
+            campaign.cancel()
+            await self._resign("stopping")
+            self.role = Role.STOPPED
+            await asyncio.to_thread(close_zk, zk)
+
+    async def _wait(self, stop: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        await asyncio.wait(waits, timeout=TICK_SECONDS, return_when="FIRST_COMPLETED")
+        for waiter in waits:
+            waiter.cancel()
+        self._wake.clear()
+
+    def _on_children(self, children: list[str]) -> None:
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _on_session(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._loop.call_soon_threadsafe(self._on_lost)
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _on_lost(self) -> None:
+        if self.role is Role.LEADER:
+            log.warning("coordinator %s: ZooKeeper session lost; no longer leader", self.me)
+            self._demote()
+
+    # ------------------------------------------------------------ election
+    async def _campaign(self) -> None:
+        """Wait for the lock (a ZooKeeper lock recipe: ephemeral sequential nodes), then lead;
+        campaign again after losing the lead."""
+        assert self._zk is not None and self._store is not None
+        while True:
+            if self.role is Role.LEADER:
+                await asyncio.sleep(TICK_SECONDS)
+                continue
+            self._lock = self._zk.Lock(self._paths.election, self.me)
+            log.info(
+                "coordinator %s: standing by for the leadership of app %r",
+                self.me,
+                self.settings.app,
+            )
+            try:
+                await asyncio.to_thread(self._lock.acquire)
+                leadership, version = await asyncio.to_thread(self._store.claim, self.me)
+                records = await asyncio.to_thread(self._store.records)
+                written = await asyncio.to_thread(self._store.assignments)
+            except asyncio.CancelledError:
+                self._lock.cancel()
+                raise
+            except Exception as exc:
+                log.warning("coordinator %s: campaign failed (%r); retrying", self.me, exc)
+                await asyncio.sleep(1.0)
+                continue
+            self._leader_epoch, self._leader_version = leadership.epoch, version
+            self._records, self._written = records, written
+            self._changed_at = time.monotonic()
+            self.role = Role.LEADER
+            log.info(
+                "coordinator %s: leader of app %r at leader epoch %d (%d buckets in transit)",
+                self.me,
+                self.settings.app,
+                leadership.epoch,
+                sum(1 for r in records.values() if r.state in ("revoking", "fencing")),
+            )
+            self._wake.set()
+
+    def _demote(self) -> None:
+        self.role = Role.CANDIDATE
+        self._records, self._written = {}, {}
+        for task in self._fencing.values():
+            task.cancel()
+        self._fencing.clear()
+
+    async def _resign(self, why: str) -> None:
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            try:
+                await asyncio.to_thread(lock.release)
+            except Exception as exc:
+                log.debug("releasing the lock: %r", exc)
+        if self.role is Role.LEADER:
+            log.info("coordinator %s: gives up the lead (%s)", self.me, why)
+        self._demote()
+
+    # ------------------------------------------------------------ leading
+    async def _lead_once(self) -> None:
+        assert self._store is not None
+        try:
+            members = await asyncio.to_thread(self._store.workers)
+            releases = await asyncio.to_thread(self._store.releases)
+        except Exception as exc:
+            log.warning("coordinator %s: reading state failed: %r", self.me, exc)
+            return
+        live = {worker: member.registration for worker, member in members.items()}
+        self._note_membership(members)
+        settled = time.monotonic() - self._changed_at >= self.settings.settle
+        view = View(
+            buckets=self._store.buckets,
+            records=self._records,
+            workers=live,
+            releases=frozenset(releases),
+            fenced=frozenset(self._fenced),
+            now=time.time(),
+            revoke_timeout=self.settings.drain_timeout + self.settings.fence_grace,
+        )
+        capacities = {worker: registration.capacity for worker, registration in live.items()}
+        decision = step(view, plan(view.buckets, capacities, committed_owners(view)), settled)
+        for bucket, owner in decision.stuck.items():
+            log.warning(
+                "bucket %d: worker %s did not release within %.0fs; fencing it",
+                bucket,
+                owner,
+                view.revoke_timeout,
+            )
+        try:
+            await self._commit(decision.records, live, releases)
+        except Deposed as exc:
+            log.warning("coordinator %s: %s; standing down", self.me, exc)
+            await self._resign("deposed")
+            return
+        for incarnation in decision.fences:
+            self._start_fence(incarnation)
+
+    async def _commit(
+        self,
+        changed: dict[int, BucketRecord],
+        live: dict[str, Registration],
+        releases: dict[tuple[int, int], str],
+    ) -> None:
+        assert self._store is not None
+        records = {**self._records, **changed}
+        wanted = assignments(records, live, self._leader_epoch)
+        updates = {w: a for w, a in wanted.items() if self._written.get(w) != a}
+        removed = [w for w in self._written if w not in live]
+        consumed = [
+            name
+            for (bucket, epoch), name in releases.items()
+            if bucket not in records
+            or epoch < records[bucket].epoch
+            or records[bucket].state == "unassigned"
+        ]
+        if not (changed or updates or removed or consumed):
+            return
+        await asyncio.to_thread(
+            self._store.commit,
+            self._leader_version,
+            changed,
+            list(self._records),
+            updates,
+            list(self._written),
+            removed,
+            consumed,
+        )
+        for bucket, record in sorted(changed.items()):
+            _log_transition(bucket, self._records.get(bucket, BucketRecord()), record)
+        self._records = records
+        self._written = {**{w: a for w, a in self._written.items() if w not in removed}, **updates}
+
+    def _note_membership(self, members: dict[str, Member]) -> None:
+        current = {(w, m.registration.incarnation) for w, m in members.items()}
+        for worker, member in members.items():
+            self._seen[(worker, member.registration.incarnation)] = member.registered_at
+        if current != self._members:
+            joined = sorted(w for w, _ in current - self._members)
+            left = sorted(w for w, _ in self._members - current)
+            log.info(
+                "workers: %d live (joined %s, left %s)", len(current), joined or "-", left or "-"
+            )
+            self._members = current
+            self._changed_at = time.monotonic()
+
+    def _start_fence(self, incarnation: Incarnation) -> None:
+        if incarnation in self._fencing or incarnation in self._fenced:
+            return
+        worker, life = incarnation
+
+        async def cut_off() -> None:
+            closed = await fence(
+                self._management,
+                worker,
+                life,
+                self._seen.get(incarnation),
+                self.settings.management_lag,
+            )
+            log.warning(
+                "fenced worker %s incarnation %s (%s)",
+                worker,
+                life,
+                f"{closed} connection(s) closed" if closed else "no connection left",
+            )
+            self._fenced.add(incarnation)
+            self._fencing.pop(incarnation, None)
+            self._wake.set()
+
+        self._fencing[incarnation] = asyncio.ensure_future(cut_off())
+
+
+def _log_transition(bucket: int, before: BucketRecord, after: BucketRecord) -> None:
+    where = f"{after.owner}" + (f" -> {after.target}" if after.target else "")
+    log.info(
+        "bucket %d: %s -> %s (%s, epoch %d)",
+        bucket,
+        before.state,
+        after.state,
+        where if after.owner else "no owner",
+        after.epoch,
+    )

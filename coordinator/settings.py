@@ -1,0 +1,34 @@
+"""The coordinator's settings: the shared ``HASHQ_`` ones plus its own."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from hashq.settings import Settings
+
+
+class CoordinatorSettings(Settings):
+    coordinator_id: str | None = Field(
+        None, description="this coordinator's id in the election (default host-pid-random)"
+    )
+    settle: float = Field(
+        1.0, ge=0, le=600, description="seconds membership must be still before buckets move"
+    )
+    drain_timeout: float = Field(
+        30.0, gt=0, le=3600, description="seconds a revoked worker may take before it is fenced"
+    )
+    fence_grace: float = Field(
+        5.0, ge=0, le=600, description="extra seconds beyond the drain timeout before fencing"
+    )
+    management_lag: float = Field(
+        6.0, ge=0, le=120, description="seconds a new connection may take to show in the API"
+    )
+
+    @field_validator("coordinator_id")
+    @classmethod
+    def _check_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", value):
+            raise ValueError("must be 1-100 characters of letters, digits, '_', '.', '-'")
+        return value

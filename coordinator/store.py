@@ -40,6 +40,7 @@ class Store:
         self.zk = zk
         self.paths = paths
         self.buckets = buckets
+        self._alive = f"{paths.root}/leader-session-none"
 
     def ensure_paths(self) -> None:
         for path in (
@@ -89,13 +90,19 @@ class Store:
 
     # ------------------------------------------------------------ leading
     def claim(self, me: str) -> tuple[Leadership, int]:
-        """Become leader: raise the leader epoch with a compare-and-set; returns the new
-        leadership and the node version every later write must check."""
+        """Become leader: raise the leader epoch with a compare-and-set, and tie the lead to this
+        session with an ephemeral node; returns the leadership and the leader node's version,
+        which every later write checks (with the ephemeral node's existence)."""
+        leadership, version = self._raise_epoch(me)
+        self._alive = f"{self.paths.root}/leader-session-{leadership.epoch:010d}"
+        self.zk.create(self._alive, me.encode(), ephemeral=True)
+        return leadership, version
+
+    def _raise_epoch(self, me: str) -> tuple[Leadership, int]:
         while True:
             try:
                 data, stat = self.zk.get(self.paths.leader)
-                epoch = Leadership.decode(data).epoch + 1
-                leadership = Leadership(me, epoch)
+                leadership = Leadership(me, Leadership.decode(data).epoch + 1)
                 stat = self.zk.set(self.paths.leader, leadership.encode(), version=stat.version)
                 return leadership, int(stat.version)
             except NoNodeError:
@@ -119,6 +126,9 @@ class Store:
         """Write a decision atomically, or raise ``Deposed``."""
         transaction = self.zk.transaction()
         transaction.check(self.paths.leader, leader_version)
+        # Gone with the session: a leader whose session expired cannot write, even if kazoo
+        # has already reconnected with a new session.
+        transaction.check(self._alive, 0)
         existing = set(known_records)
         for bucket, record in records.items():
             path = self.paths.bucket(bucket)

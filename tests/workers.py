@@ -21,6 +21,8 @@ from hashq.settings import Settings
 
 
 class WorkerProcess:
+    """A ``hashq-worker`` (or, with ``module``, another hashq command) as a real process."""
+
     def __init__(
         self,
         settings: Settings,
@@ -29,6 +31,7 @@ class WorkerProcess:
         record: Path,
         logs: Path,
         extra: dict[str, str] | None = None,
+        module: str = "hashq.worker_cli",
     ) -> None:
         env = {key: value for key, value in os.environ.items() if not key.startswith("HASHQ_")}
         env.update(
@@ -48,7 +51,7 @@ class WorkerProcess:
         self.log = logs / f"{worker_id}.log"
         self._log_file = self.log.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "hashq.worker_cli", handler],
+            [sys.executable, "-m", module, *([handler] if handler else [])],
             env=env,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
@@ -85,6 +88,14 @@ class Report:
     skipped_ahead: list[str] = field(default_factory=list)
     overlaps: list[str] = field(default_factory=list)
     repeats: list[dict[str, Any]] = field(default_factory=list)
+
+
+def start_coordinator(
+    settings: Settings, name: str, logs: Path, extra: dict[str, str] | None = None
+) -> WorkerProcess:
+    """A ``hashq-coordinator`` process with a short settle window."""
+    env = {"HASHQ_COORDINATOR_ID": name, "HASHQ_SETTLE": "0.5", **(extra or {})}
+    return WorkerProcess(settings, name, "", logs / "unused", logs, env, "coordinator.cli")
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

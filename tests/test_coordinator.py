@@ -1,0 +1,317 @@
+"""hashq-coordinator with real workers, RabbitMQ and ZooKeeper: processes started, stopped and
+killed for real."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from coordinator.store import Deposed, Store
+from hashq.protocol import Assignment, BucketRecord, Paths
+from hashq.settings import Settings
+from tests.grants import Grants
+from tests.helpers import open_zk
+from tests.test_worker import publish, workload
+from tests.workers import WorkerProcess, read_records, start_coordinator, wait_for_executions
+
+SESSION = "2"  # seconds: short ZooKeeper sessions make failover quick to test
+
+
+@pytest.fixture
+def cluster(initialized: Settings, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start coordinators and workers; everything is killed at the end."""
+    started: list[WorkerProcess] = []
+    record = tmp_path / "executions.jsonl"
+
+    def start(name: str, **extra: str) -> WorkerProcess:
+        env = {"HASHQ_ZK_SESSION_TIMEOUT": SESSION, **extra}
+        if name.startswith("c"):
+            process = start_coordinator(initialized, name, tmp_path, env)
+        else:
+            process = WorkerProcess(
+                initialized, name, "tests.handlers:record", record, tmp_path, env
+            )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Path:
+    return tmp_path / "executions.jsonl"
+
+
+@pytest.fixture
+def zk_view(initialized: Settings) -> Iterator[Grants]:
+    reader = Grants(initialized.zk_hosts, initialized.app)
+    yield reader
+    reader.close()
+
+
+def records_of(path: Path) -> list[dict[str, Any]]:
+    return read_records(path)
+
+
+async def wait_until(condition: Callable[[], bool], within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+def owners(view: Grants, buckets: int) -> dict[int, BucketRecord]:
+    found = {}
+    for bucket in range(buckets):
+        data = (
+            view.zk.exists(view.paths.bucket(bucket)) and view.zk.get(view.paths.bucket(bucket))[0]
+        )
+        if data:
+            found[bucket] = BucketRecord.decode(data)
+    return found
+
+
+def all_granted(view: Grants, buckets: int, workers: set[str]) -> bool:
+    """Every bucket granted, and every one of ``workers`` owning its share."""
+    found = owners(view, buckets)
+    held = [sum(1 for r in found.values() if r.owner == w) for w in workers]
+    return (
+        len(found) == buckets
+        and all(r.state == "granted" and r.owner in workers for r in found.values())
+        and min(held) >= buckets // len(workers)
+    )
+
+
+class Auditor:
+    """Polls the assignments and bucket records every 20 ms, in a thread, and remembers any
+    moment a bucket was in two assignments or an epoch went backwards."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.zk: KazooClient = open_zk(settings.zk_hosts)
+        self.paths = Paths(settings.app)
+        self.buckets = settings.buckets
+        self.double: list[str] = []
+        self.backwards: list[str] = []
+        self._epochs: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._look()
+            time.sleep(0.02)
+
+    def _look(self) -> None:
+        holders: dict[int, str] = {}
+        try:
+            for worker in self.zk.get_children(self.paths.assignments):
+                data = self.zk.get(self.paths.assignment(worker))[0]
+                for bucket in Assignment.decode(data).grants:
+                    if bucket in holders:
+                        self.double.append(f"bucket {bucket}: {holders[bucket]} and {worker}")
+                    holders[bucket] = worker
+            for bucket in range(self.buckets):
+                if self.zk.exists(self.paths.bucket(bucket)):
+                    epoch = BucketRecord.decode(self.zk.get(self.paths.bucket(bucket))[0]).epoch
+                    if epoch < self._epochs.get(bucket, 0):
+                        self.backwards.append(f"bucket {bucket}: {self._epochs[bucket]} -> {epoch}")
+                    self._epochs[bucket] = epoch
+        except Exception:
+            return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.zk.stop()
+        self.zk.close()
+
+
+async def test_a_worker_joining_under_load(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
+) -> None:
+    cluster("c1")
+    cluster("w1", HASHQ_TEST_DELAY_MS="6")
+    cluster("w2", HASHQ_TEST_DELAY_MS="6")
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2"}))
+    messages, expected = workload(keys=400, per_key=30)
+    await publish(initialized, messages)
+    await wait_until(lambda: len(records_of(record)) > 2_000)
+
+    before = owners(zk_view, initialized.buckets)
+    joined_at = time.time()
+    cluster("w3", HASHQ_TEST_DELAY_MS="6")
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2", "w3"}))
+    after = owners(zk_view, initialized.buckets)
+
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.missing, report.skipped_ahead, report.overlaps, report.repeats) == (
+        [],
+        [],
+        [],
+        [],
+    )
+    moved = {b for b in after if after[b].owner != before[b].owner}
+    assert len([b for b in after.values() if b.owner == "w3"]) in (2, 3)
+    assert all(after[b].epoch == before[b].epoch + 1 for b in moved)
+    unmoved = set(after) - moved
+    assert all(after[b].epoch == before[b].epoch for b in unmoved), "an unmoved bucket was paused"
+    # Unmoved buckets kept flowing through the handover: no pause longer than 0.5 s.
+    for bucket in unmoved:
+        starts = sorted(
+            float(r["start"])
+            for r in records_of(record)
+            if r["bucket"] == bucket and joined_at - 1 < float(r["start"]) < joined_at + 3
+        )
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
+        assert starts and max(gaps, default=0) < 0.5, (bucket, max(gaps, default=0))
+
+
+async def test_kill_9_worker_resumes_elsewhere_within_session_plus_2s(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
+) -> None:
+    cluster("c1")
+    slow = {"HASHQ_TEST_DELAY_MS": "20", "HASHQ_CONCURRENCY": "8"}  # still busy at the kill
+    doomed = cluster("w1", **slow)
+    cluster("w2", **slow)
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2"}))
+    messages, expected = workload(keys=400, per_key=30)
+    await publish(initialized, messages)
+    await wait_until(lambda: len(records_of(record)) > 2_000)
+
+    lost = {b for b, r in owners(zk_view, initialized.buckets).items() if r.owner == "w1"}
+    doomed.kill()
+    killed_at = time.time()
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    for repeat in report.repeats:
+        assert repeat["worker"] == "w2" and repeat["redelivered"]
+    resumed = {
+        int(r["bucket"]): float(r["start"]) - killed_at
+        for r in sorted(records_of(record), key=lambda r: -float(r["start"]))
+        if r["bucket"] in lost and r["worker"] == "w2"
+    }
+    assert set(resumed) == lost
+    slowest = max(resumed.values())
+    print(f"kill -9: buckets resumed after at most {slowest:.2f}s (session {SESSION}s)")
+    assert slowest < float(SESSION) + 2
+
+
+async def test_zombie_is_fenced_and_processes_nothing_more(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
+) -> None:
+    cluster("c1")
+    slow = {"HASHQ_TEST_DELAY_MS": "20", "HASHQ_CONCURRENCY": "8"}  # still busy at the stop
+    zombie = cluster("w1", **slow)
+    cluster("w2", **slow)
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2"}))
+    messages, expected = workload(keys=300, per_key=30)
+    await publish(initialized, messages)
+    await wait_until(lambda: len(records_of(record)) > 1_500)
+
+    held = {b: r.epoch for b, r in owners(zk_view, initialized.buckets).items() if r.owner == "w1"}
+    zombie.signal(signal.SIGSTOP)
+    stopped_at = time.time()
+    await wait_until(lambda: "fenced worker w1" in cluster_log(zombie, "c1"), within=30)
+    zombie.signal(signal.SIGCONT)
+
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    moved_on = [
+        r
+        for r in records_of(record)
+        if r["worker"] == "w2" and r["epoch"] > held.get(r["bucket"], 99)
+    ]
+    assert moved_on, "w1's buckets never moved: it had finished before it was stopped"
+    # After it comes back it registers afresh and may be granted buckets again, at new epochs;
+    # under its old grants it must start nothing.
+    late = [
+        r
+        for r in records_of(record)
+        if r["worker"] == "w1" and r["start"] > stopped_at and held.get(r["bucket"]) == r["epoch"]
+    ]
+    assert late == [], "the fenced worker went on processing its old buckets"
+
+
+def cluster_log(process: WorkerProcess, name: str) -> str:
+    path = process.log.parent / f"{name}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+async def test_leader_killed_mid_handover_a_standby_finishes_it(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
+) -> None:
+    leader = cluster("c1")
+    await wait_until(lambda: "leader of app" in leader.output(), within=30)
+    standby = cluster("c2")
+    slow = {"HASHQ_TEST_DELAY_MS": "1500"}  # drains take seconds: the handover is slow
+    cluster("w1", **slow)
+    cluster("w2", **slow)
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2"}))
+    messages, expected = workload(keys=60, per_key=10)
+    await publish(initialized, messages)
+    await asyncio.sleep(1.0)
+
+    auditor = Auditor(initialized)
+    try:
+        cluster("w3", **slow)
+        await wait_until(
+            lambda: any(
+                r.state == "revoking" for r in owners(zk_view, initialized.buckets).values()
+            ),
+            within=30,
+        )
+        leader.kill()
+        await wait_until(lambda: "leader of app" in standby.output(), within=30)
+        await wait_until(
+            lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2", "w3"}), within=60
+        )
+        report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    finally:
+        auditor.close()
+    assert "revoking -> granted" in standby.output(), "the standby did not finish the handover"
+    assert auditor.double == [], "a bucket was granted to two workers at once"
+    assert auditor.backwards == [], "an epoch went backwards"
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+
+
+def test_a_coordinator_whose_session_expired_cannot_write(initialized: Settings) -> None:
+    first = open_zk(initialized.zk_hosts)
+    store = Store(first, Paths(initialized.app), initialized.buckets)
+    store.ensure_paths()
+    _, version = store.claim("old")
+    record = {0: BucketRecord("unassigned", None, None, 7)}
+    store.commit(version, record, [], {}, [], [], [])  # while it leads, it may write
+
+    # A newer leader raises the leader epoch: the old one's writes are refused.
+    second = open_zk(initialized.zk_hosts)
+    Store(second, Paths(initialized.app), initialized.buckets).claim("new")
+    with pytest.raises(Deposed):
+        store.commit(version, {0: BucketRecord("unassigned", None, None, 8)}, [0], {}, [], [], [])
+
+    # Expire the old leader's session (a second client on the same session closes it).
+    _, version = store.claim("old")
+    session_id, password = first.client_id
+    twin = KazooClient(hosts=initialized.zk_hosts, client_id=(session_id, password))
+    twin.start(timeout=15)
+    twin.stop()
+    twin.close()
+    time.sleep(0.5)
+    with pytest.raises(Deposed):
+        store.commit(version, {0: BucketRecord("unassigned", None, None, 9)}, [0], {}, [], [], [])
+    data = second.get(Paths(initialized.app).bucket(0))[0]
+    assert BucketRecord.decode(data).epoch == 7
+    for client in (first, second):
+        client.stop()
+        client.close()

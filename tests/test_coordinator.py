@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import signal
 import threading
 import time
@@ -20,6 +21,7 @@ from hashq.protocol import Assignment, BucketRecord, Paths
 from hashq.settings import Settings
 from tests.grants import Grants
 from tests.helpers import open_zk
+from tests.test_cli import hashq
 from tests.test_worker import publish, workload
 from tests.workers import WorkerProcess, read_records, start_coordinator, wait_for_executions
 
@@ -315,3 +317,24 @@ def test_a_coordinator_whose_session_expired_cannot_write(initialized: Settings)
     for client in (first, second):
         client.stop()
         client.close()
+
+
+async def test_status_shows_leader_workers_and_owners(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], zk_view: Grants
+) -> None:
+    cluster("c1")
+    cluster("w1")
+    cluster("w2")
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2"}))
+    done = hashq(initialized, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["leader"]["leader"] == "c1"
+    assert sorted(report["workers"]) == ["w1", "w2"]
+    assert sorted(len(w["buckets"]) for w in report["workers"].values()) == [4, 4]
+    assert report["handover_in_progress"] is False
+    assert {b["state"] for b in report["buckets"]} == {"granted"}
+    assert all(b["epoch"] >= 1 and b["owner"] in ("w1", "w2") for b in report["buckets"])
+    assert all(b["consumers"] == 1 for b in report["buckets"])
+    table = hashq(initialized, "status").stdout
+    assert "leader: c1" in table and "handover in progress: no" in table

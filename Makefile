@@ -25,14 +25,14 @@ status: venv
 	$(BIN)/hashq status
 
 run: venv services
-	$(BIN)/python -m hashq.demo
+	$(BIN)/python -m examples.demo
 
 test: venv services
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check hashq coordinator tests
-	$(BIN)/ruff format --check hashq coordinator tests
+	$(BIN)/ruff check hashq coordinator examples tests
+	$(BIN)/ruff format --check hashq coordinator examples tests
 	$(BIN)/mypy
 
 clean: down

@@ -1,0 +1,1 @@
+"""Examples: a handler, the live demo (`make run`) and the checker of what handlers recorded."""

@@ -18,6 +18,7 @@ from kazoo.client import KazooClient
 
 from coordinator.store import Deposed, Store
 from hashq.protocol import Assignment, BucketRecord, Paths
+from hashq.publisher import Outgoing
 from hashq.settings import Settings
 from tests.grants import Grants
 from tests.helpers import open_zk
@@ -338,3 +339,35 @@ async def test_status_shows_leader_workers_and_owners(
     assert all(b["consumers"] == 1 for b in report["buckets"])
     table = hashq(initialized, "status").stdout
     assert "leader: c1" in table and "handover in progress: no" in table
+
+
+async def test_a_worker_stuck_in_a_drain_is_fenced_and_named(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
+) -> None:
+    coordinator = cluster("c1", HASHQ_DRAIN_TIMEOUT="2", HASHQ_FENCE_GRACE="0.5")
+    patient = {"HASHQ_DRAIN_TIMEOUT": "120"}  # the worker itself would wait far longer
+    stuck = WorkerProcess(
+        initialized,
+        "w1",
+        "tests.handlers:stuck_once",
+        record,
+        record.parent,
+        {"HASHQ_ZK_SESSION_TIMEOUT": SESSION, **patient},
+    )
+    try:
+        await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1"}))
+        messages = [
+            Outgoing(f"k{n}", json.dumps({"seq": 0, "stuck": n == 0}).encode()) for n in range(40)
+        ]
+        await publish(initialized, messages)
+        await asyncio.sleep(1.0)
+        cluster("w2", **patient)
+        await wait_until(lambda: "did not release within" in coordinator.output(), within=30)
+        assert "worker w1 did not release" in coordinator.output()
+        await wait_until(lambda: "fenced worker w1" in coordinator.output(), within=30)
+        report = await asyncio.to_thread(
+            wait_for_executions, record, {f"k{n}": 1 for n in range(40)}, 60
+        )
+        assert report.missing == []
+    finally:
+        stuck.stop()

@@ -22,7 +22,17 @@ def test_the_demo_runs_clean(settings: Settings) -> None:
         HASHQ_BUCKETS="8",
     )
     done = subprocess.run(
-        [sys.executable, "-m", "examples.demo", "--seconds", "8", "--rate", "200", "--users", "200"],
+        [
+            sys.executable,
+            "-m",
+            "examples.demo",
+            "--seconds",
+            "8",
+            "--rate",
+            "200",
+            "--users",
+            "200",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

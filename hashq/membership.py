@@ -14,6 +14,7 @@ import enum
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -54,6 +55,7 @@ class Membership:
         self.session = Session.CONNECTED
         self.assignment: Assignment | None = None
         self.changed = wake
+        self.on_unsafe: Callable[[], None] | None = None
         self._loop = asyncio.get_running_loop()
         self._zk: KazooClient | None = None
 
@@ -132,7 +134,7 @@ class Membership:
         """The process may have been paused: act as SUSPENDED until ``confirm`` says otherwise."""
         if self.session is Session.CONNECTED:
             self.session = Session.SUSPENDED
-            self.changed.set()
+        self.changed.set()
 
     async def confirm(self) -> None:
         """While SUSPENDED: ask ZooKeeper whether our registration (hence our session) lives."""
@@ -223,6 +225,8 @@ class Membership:
                 return
             if self.session is not Session.LOST:
                 self.session = value
+            if self.on_unsafe is not None:
+                self.on_unsafe()  # start nothing more before the loop has looked
         else:
             self.assignment = value
         self.changed.set()

@@ -91,6 +91,7 @@ class Worker:
             codec=self.settings.codec,
             awake=self._awake,
         )
+        self._membership.on_unsafe = self._runners.pause
         watchdog = asyncio.ensure_future(self._watch_for_pauses())
         try:
             await self._membership.start()
@@ -125,16 +126,18 @@ class Worker:
         while True:
             await asyncio.sleep(TICK_SECONDS)
             now = time.monotonic()
-            last, self._last_tick = self._last_tick, now
-            if now - last > self._pause_limit and self._membership.session is Session.CONNECTED:
+            last = self._last_tick
+            if now - last > self._pause_limit:
+                # Pause first, then let runners see a fresh tick: never the other way round.
+                assert self._runners is not None
+                self._runners.pause()
                 log.warning(
                     "worker %s was paused for %.1fs; checking its session",
                     self.worker_id,
                     now - last,
                 )
                 self._membership.suspect()
-                assert self._runners is not None
-                self._runners.pause()
+            self._last_tick = now
 
     async def _wait(self, stop: asyncio.Event) -> None:
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field, field_validator
 
-from hashq.settings import Settings
+from hashq.settings import Settings, check_identifier
 
 
 class CoordinatorSettings(Settings):
@@ -29,6 +27,4 @@ class CoordinatorSettings(Settings):
     @field_validator("coordinator_id")
     @classmethod
     def _check_id(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", value):
-            raise ValueError("must be 1-100 characters of letters, digits, '_', '.', '-'")
-        return value
+        return check_identifier(value)

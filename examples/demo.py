@@ -38,12 +38,8 @@ class Fleet:
     def __init__(self, settings: Settings, record: Path, logs: Path) -> None:
         self._env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("HASHQ_")},
-            "HASHQ_AMQP_URL": settings.amqp_url,
-            "HASHQ_ZK_HOSTS": settings.zk_hosts,
-            "HASHQ_MANAGEMENT_URL": settings.management_url,
-            "HASHQ_APP": settings.app,
-            "HASHQ_BUCKETS": str(settings.buckets),
-            "HASHQ_ZK_SESSION_TIMEOUT": "3",
+            **settings.environment(),
+            "HASHQ_ZK_SESSION_TIMEOUT": "3",  # a killed worker's buckets move within seconds
             "HASHQ_DEMO_RECORD": str(record),
         }
         self._logs = logs

@@ -89,6 +89,14 @@ class Settings(BaseSettings):
             )
         return value
 
+    def environment(self) -> dict[str, str]:
+        """The ``HASHQ_`` variables that give a child process these same settings."""
+        return {
+            f"HASHQ_{name.upper()}": str(value)
+            for name, value in self.model_dump().items()
+            if value is not None
+        }
+
     @property
     def amqp_url_redacted(self) -> str:
         return redact_url(self.amqp_url)
@@ -132,9 +140,14 @@ class WorkerSettings(Settings):
     @field_validator("worker_id")
     @classmethod
     def _check_worker_id(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", value):
-            raise ValueError("must be 1-100 characters of letters, digits, '_', '.', '-'")
-        return value
+        return check_identifier(value)
+
+
+def check_identifier(value: str | None) -> str | None:
+    """A worker or coordinator id: it becomes part of ZooKeeper paths and connection names."""
+    if value is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", value):
+        raise ValueError("must be 1-100 characters of letters, digits, '_', '.', '-'")
+    return value
 
 
 def _check_host_port(hostname: str | None, url: str) -> None:

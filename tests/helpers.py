@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -13,6 +14,12 @@ from hashq.amqp import connect_amqp
 from hashq.management import Management
 from hashq.settings import Settings
 from hashq.topology import Topology
+
+
+def child_environment(settings: Settings, **extra: str) -> dict[str, str]:
+    """This process's environment without its own HASHQ_ variables, plus ``settings``'."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HASHQ_")}
+    return {**env, **settings.environment(), **extra}
 
 
 def open_zk(hosts: str) -> KazooClient:

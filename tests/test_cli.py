@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from urllib.parse import quote
@@ -12,18 +11,11 @@ import pytest
 
 from hashq.management import Management
 from hashq.settings import Settings
-from tests.helpers import open_zk, queue_depths
+from tests.helpers import child_environment, open_zk, queue_depths
 
 
 def hashq(settings: Settings, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("HASHQ_")}
-    env.update(
-        HASHQ_AMQP_URL=settings.amqp_url,
-        HASHQ_ZK_HOSTS=settings.zk_hosts,
-        HASHQ_MANAGEMENT_URL=settings.management_url,
-        HASHQ_APP=settings.app,
-        HASHQ_BUCKETS=str(settings.buckets),
-    )
+    env = child_environment(settings)
     return subprocess.run(
         [sys.executable, "-m", "hashq.cli", *args],
         input=stdin,

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from hashq.settings import Settings
+from tests.helpers import child_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_demo_runs_clean(settings: Settings) -> None:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("HASHQ_")}
-    env.update(
-        HASHQ_AMQP_URL=settings.amqp_url,
-        HASHQ_ZK_HOSTS=settings.zk_hosts,
-        HASHQ_MANAGEMENT_URL=settings.management_url,
-        HASHQ_APP="demo",
-        HASHQ_BUCKETS="8",
-    )
+    env = child_environment(settings, HASHQ_APP="demo", HASHQ_BUCKETS="8")
     done = subprocess.run(
         [
             sys.executable,

@@ -84,3 +84,10 @@ def test_vhost_and_management_credentials_come_from_the_amqp_url() -> None:
     assert settings.vhost == "my/vhost"
     assert settings.management_credentials == ("alice", "pw")
     assert load_settings(amqp_url="amqp://h:5672").vhost == "/"
+
+
+def test_environment_reproduces_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings: Settings = load_settings(app="orders", buckets="16", queue_type="classic")
+    for name, value in settings.environment().items():
+        monkeypatch.setenv(name, value)
+    assert load_settings() == settings

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from examples.checker import Report, check, read_records
 from hashq.settings import Settings
+from tests.helpers import child_environment
 
 __all__ = [
     "Report",
@@ -39,20 +40,9 @@ class WorkerProcess:
         extra: dict[str, str] | None = None,
         module: str = "hashq.worker_cli",
     ) -> None:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("HASHQ_")}
-        env.update(
-            HASHQ_AMQP_URL=settings.amqp_url,
-            HASHQ_ZK_HOSTS=settings.zk_hosts,
-            HASHQ_MANAGEMENT_URL=settings.management_url,
-            HASHQ_APP=settings.app,
-            HASHQ_BUCKETS=str(settings.buckets),
-            HASHQ_QUEUE_TYPE=settings.queue_type,
-            HASHQ_DELIVERY_LIMIT=str(settings.delivery_limit),
-            HASHQ_ZK_SESSION_TIMEOUT=str(settings.zk_session_timeout),
-            HASHQ_WORKER_ID=worker_id,
-            HASHQ_TEST_RECORD=str(record),
+        env = child_environment(
+            settings, HASHQ_WORKER_ID=worker_id, HASHQ_TEST_RECORD=str(record), **(extra or {})
         )
-        env.update(extra or {})
         self.worker_id = worker_id
         self.log = logs / f"{worker_id}.log"
         self._log_file = self.log.open("ab")

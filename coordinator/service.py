@@ -245,6 +245,11 @@ class Coordinator:
         current = {(w, m.registration.incarnation) for w, m in members.items()}
         for worker, member in members.items():
             self._seen[(worker, member.registration.incarnation)] = member.registered_at
+        # Forget incarnations that are neither live nor still named by a bucket record.
+        named = {(r.owner, r.incarnation) for r in self._records.values() if r.owner}
+        keep = current | {(str(w), str(i)) for w, i in named}
+        self._seen = {k: v for k, v in self._seen.items() if k in keep}
+        self._fenced &= keep
         if current != self._members:
             joined = sorted(w for w, _ in current - self._members)
             left = sorted(w for w, _ in self._members - current)

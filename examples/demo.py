@@ -23,11 +23,14 @@ import time
 from pathlib import Path
 
 from examples.checker import check
+from hashq.amqp import connect_amqp, connection_name
 from hashq.cli import run_command, settings_flags, setup_logging
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.status import gather_status
+from hashq.topology import Topology
+from hashq.zk import close_zk, connect_zk
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,7 +152,28 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
         await publisher
     finally:
         fleet.stop_all()
+        if args.keep:
+            say(f"kept app {settings.app}")
+        else:
+            await remove_app(settings)
     return report(record, published)
+
+
+async def remove_app(settings: Settings) -> None:
+    """Delete the demo app's queues, exchanges and ZooKeeper state, so runs do not pile up."""
+    topology = Topology.from_settings(settings)
+    connection = await connect_amqp(settings, connection_name("demo-cleanup"))
+    async with connection:
+        channel = await connection.channel()
+        for queue in [*topology.bucket_queues(), topology.dead_letter_queue]:
+            await channel.queue_delete(queue)
+        for exchange in (topology.exchange, topology.ring_exchange, topology.dead_letter_exchange):
+            await channel.exchange_delete(exchange)
+    zk = await asyncio.to_thread(connect_zk, settings)
+    try:
+        await asyncio.to_thread(zk.delete, topology.zk_root, recursive=True)
+    finally:
+        await asyncio.to_thread(close_zk, zk)
 
 
 def _count_lines(path: Path) -> int:
@@ -185,6 +209,7 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=1_000)
     parser.add_argument("--rate", type=float, default=400.0, help="uploads per second")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to publish")
+    parser.add_argument("--keep", action="store_true", help="keep the app's queues afterwards")
     if "HASHQ_APP" not in os.environ:
         parser.set_defaults(setting_app=f"demo-{time.strftime('%Y%m%d%H%M%S')}")
     if "HASHQ_BUCKETS" not in os.environ:

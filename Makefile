@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?=
 
-.PHONY: run test lint services down status venv clean
+.PHONY: run test lint services down status venv clean chaos
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,9 +31,14 @@ test: venv services
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check hashq coordinator examples tests
-	$(BIN)/ruff format --check hashq coordinator examples tests
+	$(BIN)/ruff check hashq coordinator examples chaos tests
+	$(BIN)/ruff format --check hashq coordinator examples chaos tests
 	$(BIN)/mypy
 
 clean: down
 	rm -rf $(VENV) .services
+
+DURATION ?= 600
+SEED ?= 1
+chaos: venv services
+	$(BIN)/python -m chaos.run --duration $(DURATION) --seed $(SEED)

@@ -85,6 +85,7 @@ class Coordinator:
                 await self._wait(stop)
         finally:
             campaign.cancel()
+            await asyncio.gather(campaign, return_exceptions=True)
             await self._resign("stopping")
             self.role = Role.STOPPED
             await asyncio.to_thread(close_zk, zk)
@@ -118,19 +119,20 @@ class Coordinator:
             if self.role is Role.LEADER:
                 await asyncio.sleep(TICK_SECONDS)
                 continue
-            self._lock = self._zk.Lock(self._paths.election, self.me)
+            lock = self._zk.Lock(self._paths.election, self.me)
+            self._lock = lock
             log.info(
                 "coordinator %s: standing by for the leadership of app %r",
                 self.me,
                 self.settings.app,
             )
             try:
-                await asyncio.to_thread(self._lock.acquire)
+                await asyncio.to_thread(lock.acquire)
                 leadership, version = await asyncio.to_thread(self._store.claim, self.me)
                 records = await asyncio.to_thread(self._store.records)
                 written = await asyncio.to_thread(self._store.assignments)
             except asyncio.CancelledError:
-                self._lock.cancel()
+                lock.cancel()  # ends the acquire still waiting in its thread
                 raise
             except Exception as exc:
                 log.warning("coordinator %s: campaign failed (%r); retrying", self.me, exc)

@@ -1,0 +1,1 @@
+"""The chaos harness: hashq under churn, checked by an independent checker (`make chaos`)."""

@@ -1,0 +1,115 @@
+"""The chaos checker. It knows nothing of hashq: it reads what the publishers say the broker
+confirmed, what the handlers say they executed, and what the dead-letter queue holds, and
+counts what went wrong.
+
+- lost: confirmed, never completed, not dead-lettered;
+- reordered: per key, the first execution of seq n started after an execution of a higher seq
+  had completed (a repeat of an already executed seq is a redelivery, not a reordering);
+- overlapping: two executions of one key overlapping in time, split into those within one
+  epoch (a bug) and those where the older epoch belonged to a fenced zombie;
+- duplicates: executions beyond the first of a message (at-least-once: counted, not failed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Verdict:
+    confirmed: int = 0
+    executions: int = 0
+    completed: int = 0
+    keys: int = 0
+    lost: int = 0
+    dead_lettered: int = 0
+    reordered: int = 0
+    overlapping_same_epoch: int = 0
+    overlapping_zombie: int = 0
+    duplicates: int = 0
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def example(self, kind: str, text: str) -> None:
+        self.examples.setdefault(kind, []).append(text)
+
+    @property
+    def clean(self) -> bool:
+        return self.lost == 0 and self.reordered == 0 and self.overlapping_same_epoch == 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["examples"] = {k: v[:5] for k, v in self.examples.items()}
+        data["clean"] = self.clean
+        return data
+
+
+def read_lines(paths: list[Path]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        if path.exists():
+            rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return rows
+
+
+def judge(
+    confirmed: list[dict[str, Any]], executions: list[dict[str, Any]], dead: set[tuple[str, int]]
+) -> Verdict:
+    verdict = Verdict(confirmed=len(confirmed), executions=len(executions))
+    by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in executions:
+        by_key[run["key"]].append(run)
+    done = {(run["key"], run["seq"]) for run in executions}
+    verdict.completed = len(done)
+    verdict.keys = len({row["key"] for row in confirmed})
+    verdict.dead_lettered = len(dead)
+    for row in confirmed:
+        if (row["key"], row["seq"]) not in done and (row["key"], row["seq"]) not in dead:
+            verdict.lost += 1
+            verdict.example("lost", f"{row['key']}#{row['seq']}")
+    for key, runs in by_key.items():
+        _judge_key(key, sorted(runs, key=lambda r: r["start"]), verdict)
+    return verdict
+
+
+def _judge_key(key: str, runs: list[dict[str, Any]], verdict: Verdict) -> None:
+    """``runs`` sorted by start time."""
+    seen: set[int] = set()
+    running: list[tuple[float, int]] = []  # heap of (end, seq) not yet known to be finished
+    highest_finished = -1
+    latest: dict[str, Any] | None = None  # the run that ends last so far
+    for run in runs:
+        while running and running[0][0] <= run["start"]:
+            highest_finished = max(highest_finished, heapq.heappop(running)[1])
+        seq = run["seq"]
+        if seq in seen:
+            verdict.duplicates += 1
+        elif highest_finished > seq:
+            verdict.reordered += 1
+            verdict.example("reordered", f"{key}: {seq} after {highest_finished}")
+        seen.add(seq)
+        heapq.heappush(running, (run["end"], seq))
+        if latest is not None and latest["end"] > run["start"]:
+            _overlap(key, latest, run, verdict)
+        if latest is None or run["end"] > latest["end"]:
+            latest = run
+
+
+def _overlap(key: str, first: dict[str, Any], second: dict[str, Any], verdict: Verdict) -> None:
+    if first["epoch"] == second["epoch"] and first["bucket"] == second["bucket"]:
+        verdict.overlapping_same_epoch += 1
+        verdict.example(
+            "overlapping_same_epoch",
+            f"{key}: {first['seq']} and {second['seq']} at epoch {first['epoch']}",
+        )
+    else:
+        verdict.overlapping_zombie += 1
+        verdict.example(
+            "overlapping_zombie",
+            f"{key}: {first['seq']}@epoch {first['epoch']} "
+            f"and {second['seq']}@epoch {second['epoch']}",
+        )

@@ -22,7 +22,10 @@ def connect_zk(settings: Settings) -> KazooClient:
     client = KazooClient(
         hosts=settings.zk_hosts,
         timeout=settings.zk_session_timeout,
-        connection_retry={"max_tries": 3, "delay": 0.2, "max_delay": 2},
+        # Never give up reconnecting: with a bounded retry policy kazoo closes the client for
+        # good when ZooKeeper is down a little longer (seen in a chaos run: a 1 s restart of
+        # ZooKeeper left every worker and coordinator unable to reconnect).
+        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 2},
         logger=logging.getLogger("hashq.kazoo"),
     )
     try:

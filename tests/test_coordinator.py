@@ -22,6 +22,7 @@ from hashq.publisher import Outgoing
 from hashq.settings import Settings
 from tests.grants import Grants
 from tests.helpers import open_zk
+from tests.services import Endpoints
 from tests.test_cli import hashq
 from tests.test_worker import publish, workload
 from tests.workers import WorkerProcess, read_records, start_coordinator, wait_for_executions
@@ -371,3 +372,35 @@ async def test_a_worker_stuck_in_a_drain_is_fenced_and_named(
         assert report.missing == []
     finally:
         stuck.stop()
+
+
+async def test_processing_goes_on_after_a_zookeeper_restart(
+    initialized: Settings,
+    endpoints: Endpoints,
+    cluster: Callable[..., WorkerProcess],
+    record: Path,
+    zk_view: Grants,
+) -> None:
+    if endpoints.stop is None or endpoints.start is None:
+        pytest.skip(f"servers from {endpoints.source} cannot be restarted by the tests")
+    cluster("c1")
+    cluster("w1")
+    cluster("w2")
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2"}))
+    first, expected_first = workload(keys=100, per_key=5, seed=1)
+    await publish(initialized, first)
+    await asyncio.to_thread(wait_for_executions, record, expected_first, 60)
+
+    # Down for several seconds: longer than any bounded reconnect policy would wait.
+    await asyncio.to_thread(endpoints.stop, "zookeeper")
+    await asyncio.sleep(6)
+    await asyncio.to_thread(endpoints.start, "zookeeper")
+    await asyncio.sleep(3 * float(SESSION))
+    second = [
+        Outgoing(m.key, json.dumps({"seq": 5 + json.loads(m.body)["seq"]}).encode())
+        for m in workload(keys=100, per_key=5, seed=2)[0]
+    ]
+    await publish(initialized, second)
+    expected = dict.fromkeys(expected_first, 10)
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 90)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])

@@ -95,9 +95,15 @@ class Chaos:
         self.log: list[dict[str, Any]] = []
         self._started = time.monotonic()
 
-    def note(self, fault: str, target: str = "") -> None:
+    def note(self, fault: str, target: str = "", counts: bool = True) -> None:
+        """Log a fault (``counts``) or the end of one (not counted again)."""
         self.log.append(
-            {"at": round(time.monotonic() - self._started, 2), "fault": fault, "target": target}
+            {
+                "at": round(time.monotonic() - self._started, 2),
+                "fault": fault,
+                "target": target,
+                "counts": counts,
+            }
         )
         say(f"fault: {fault} {target}".rstrip())
 
@@ -145,7 +151,7 @@ class Chaos:
             self.note("SIGSTOP worker", victim)
             await asyncio.sleep(SESSION_SECONDS * 2.5)
             self.cast.signal(victim, signal.SIGCONT)
-            self.note("SIGCONT worker", victim)
+            self.note("SIGCONT worker", victim, counts=False)
 
     async def kill_leader(self) -> None:
         leader = await asyncio.to_thread(read_leader, self.settings)
@@ -159,7 +165,7 @@ class Chaos:
         done = await asyncio.to_thread(
             subprocess.run, ["bash", str(SERVICES), "restart", service], capture_output=True
         )
-        self.note(f"restart {service}", "done" if done.returncode == 0 else "FAILED")
+        self.note(f"restart {service}", "done" if done.returncode == 0 else "FAILED", counts=False)
 
 
 def read_leader(settings: Settings) -> str | None:
@@ -242,7 +248,7 @@ async def run(args: argparse.Namespace) -> int:
         "hashq": verdict.to_json(),
     }
     (scratch / "report.json").write_text(json.dumps(report, indent=2))
-    print_table(verdict, len(chaos.log))
+    print_table(verdict, sum(1 for fault in chaos.log if fault["counts"]))
     say(f"report: {scratch / 'report.json'}")
     return 0 if verdict.clean else 1
 

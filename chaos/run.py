@@ -76,15 +76,17 @@ class Cast:
         if self.processes[name].poll() is None:
             self.processes[name].send_signal(number)
 
-    def stop_all(self) -> None:
+    def stop_all(self, within: float = 45) -> None:
         for name in self.processes:
             self.signal(name, signal.SIGCONT)
             self.signal(name, signal.SIGTERM)
+        deadline = time.monotonic() + within
         for process in self.processes.values():
             try:
-                process.wait(60)
+                process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait(10)
 
 
 class Chaos:
@@ -165,6 +167,11 @@ class Chaos:
         done = await asyncio.to_thread(
             subprocess.run, ["bash", str(SERVICES), "restart", service], capture_output=True
         )
+        if done.returncode != 0:  # a harness fault, not hashq's: bring the service back
+            say(f"restart of {service} failed: {done.stderr.decode(errors='replace').strip()}")
+            done = await asyncio.to_thread(
+                subprocess.run, ["bash", str(SERVICES), "up", service], capture_output=True
+            )
         self.note(f"restart {service}", "done" if done.returncode == 0 else "FAILED", counts=False)
 
 

@@ -162,7 +162,8 @@ class Coordinator:
         if self._lock is not None:
             lock, self._lock = self._lock, None
             try:
-                await asyncio.to_thread(lock.release)
+                # Bounded: with ZooKeeper unreachable the lock goes with the session anyway.
+                await asyncio.wait_for(asyncio.to_thread(lock.release), 5)
             except Exception as exc:
                 log.debug("releasing the lock: %r", exc)
         if self.role is Role.LEADER:

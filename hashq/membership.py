@@ -169,20 +169,22 @@ class Membership:
             return {}
         return self.assignment.grants_for(self.incarnation)
 
-    async def write_release(self, bucket: int, epoch: int) -> None:
+    async def write_release(self, bucket: int, epoch: int, within: float | None = None) -> None:
         """Record that this incarnation holds nothing of ``bucket`` at ``epoch`` any more.
-        Retried until ZooKeeper takes it or the session is lost."""
+        Retried until ZooKeeper takes it, the session is lost, or ``within`` seconds pass (when
+        shutting down: the coordinator fences the bucket once the session expires)."""
         release = Release(self.worker_id, self.incarnation, bucket, epoch)
+        deadline = None if within is None else time.monotonic() + within
         while True:
             try:
                 await asyncio.to_thread(self._create, self._paths.release(bucket, epoch), release)
                 log.info("bucket %d epoch %d released by %s", bucket, epoch, self.worker_id)
                 return
             except Exception as exc:
-                if self.session is Session.LOST:
-                    log.warning(
-                        "bucket %d epoch %d: release not written, session lost", bucket, epoch
-                    )
+                if self.session is Session.LOST or (
+                    deadline is not None and time.monotonic() > deadline
+                ):
+                    log.warning("bucket %d epoch %d: release not written (%r)", bucket, epoch, exc)
                     return
                 log.warning("bucket %d: writing the release failed (%r); retrying", bucket, exc)
                 await asyncio.sleep(0.5)

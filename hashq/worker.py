@@ -10,6 +10,7 @@ subscribes again only what the assignment still grants, at the same epoch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -201,12 +202,12 @@ class Worker:
         self._leases[bucket] = lease
         log.info("bucket %d epoch %d: consuming (worker %s)", bucket, epoch, self.worker_id)
 
-    async def _revoke(self, lease: BucketLease) -> None:
+    async def _revoke(self, lease: BucketLease, give_up_after: float | None = None) -> None:
         """Drain, close, then release: nothing of the bucket is acknowledged after the release."""
         log.info("bucket %d epoch %d: revoked; draining", lease.bucket, lease.epoch)
         try:
             await lease.drain(self.settings.drain_timeout)
-            await self._membership.write_release(lease.bucket, lease.epoch)
+            await self._membership.write_release(lease.bucket, lease.epoch, give_up_after)
         finally:
             self._revoking.pop(lease.bucket, None)
             self._wake.set()
@@ -279,11 +280,14 @@ class Worker:
         leases = list(self._leases.values())
         self._leases.clear()
         if self._membership.session is Session.CONNECTED:
-            await asyncio.gather(*(self._revoke(lease) for lease in leases))
+            # Exiting must not hang on an unreachable ZooKeeper: releases get a bounded time.
+            limit = self.settings.zk_session_timeout
+            await asyncio.gather(*(self._revoke(lease, limit) for lease in leases))
         else:
             await asyncio.gather(*(lease.close() for lease in leases))
         await asyncio.gather(*self._revoke_tasks, return_exceptions=True)
-        await self._membership.deregister()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._membership.deregister(), 5)
         await self._membership.close()
         if self._runners is not None:
             await self._runners.close()

@@ -71,7 +71,7 @@ rabbit_answers() {
 rabbit_up() {
     local dir=$STATE/rabbitmq
     if rabbit_alive; then say "rabbitmq already running (pid $(cat "$dir/rabbit.pid"))"; return 0; fi
-    port_free "$AMQP_PORT" || die "port $AMQP_PORT is taken by another process; set HASHQ_SERVICES_AMQP_PORT"
+    wait_port_free "$AMQP_PORT" || die "port $AMQP_PORT is taken by another process; set HASHQ_SERVICES_AMQP_PORT"
     mkdir -p "$dir/mnesia" "$dir/log"
     : >"$dir/rabbitmq-env.conf"
     cat >"$dir/rabbitmq.conf" <<EOF
@@ -120,7 +120,7 @@ zk_answers() {
 zk_up() {
     local dir=$STATE/zookeeper
     if zk_alive; then say "zookeeper already running (pid $(cat "$dir/zk.pid"))"; return 0; fi
-    port_free "$ZK_PORT" || die "port $ZK_PORT is taken by another process; set HASHQ_SERVICES_ZK_PORT"
+    wait_port_free "$ZK_PORT" || die "port $ZK_PORT is taken by another process; set HASHQ_SERVICES_ZK_PORT"
     mkdir -p "$dir/data"
     # A short tick lets tests use short sessions (the minimum session is 2 ticks).
     cat >"$dir/zoo.cfg" <<EOF
@@ -147,8 +147,11 @@ zk_down() {
     if zk_alive; then
         say "stopping zookeeper"
         kill "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do zk_alive || break; sleep 0.1; done
-        zk_alive && kill -9 "$pid" 2>/dev/null || true
+        for _ in $(seq 100); do zk_alive || break; sleep 0.1; done
+        if zk_alive; then
+            kill -9 "$pid" 2>/dev/null || true
+            for _ in $(seq 50); do zk_alive || break; sleep 0.1; done
+        fi
     fi
     rm -f "$dir/zk.pid"
 }
@@ -157,6 +160,12 @@ zk_down() {
 # Exited daemons can linger as zombies (nothing reaps them here): alive means not state Z.
 pid_running() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 port_free() { ! ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+
+# A process we just stopped may hold its port for a moment longer on a busy machine.
+wait_port_free() {
+    for _ in $(seq 100); do port_free "$1" && return 0; sleep 0.1; done
+    return 1
+}
 
 wait_for() {
     local what=$1 seconds=$2 probe=$3

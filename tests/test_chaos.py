@@ -3,7 +3,10 @@ kill, broker and ZooKeeper restarts), judged by the independent checker."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +25,7 @@ def test_short_chaos_run_loses_and_reorders_nothing(
 ) -> None:
     if endpoints.restart is None:
         pytest.skip(f"servers from {endpoints.source} cannot be restarted by the tests")
-    done = subprocess.run(
+    process = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -44,16 +47,26 @@ def test_short_chaos_run_loses_and_reorders_nothing(
         ],
         cwd=ROOT,
         env=child_environment(settings),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
+        start_new_session=True,  # so that a timeout can end the harness and all it started
     )
+    try:
+        stdout, _ = process.communicate(timeout=480)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, _ = process.communicate()
+        pytest.fail("the chaos run did not finish in 8 minutes:\n" + stdout[-3000:])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # anything it left behind
     report = json.loads((tmp_path / "report.json").read_text())
     verdict = report["hashq"]
-    summary = json.dumps(verdict) + "\n" + done.stdout[-2000:]
+    summary = json.dumps(verdict) + "\n" + stdout[-2000:]
     assert verdict["lost"] == 0, summary
     assert verdict["reordered"] == 0, summary
     assert verdict["overlapping_same_epoch"] == 0, summary
     assert verdict["confirmed"] > 5_000, summary
     assert sum(1 for fault in report["faults"] if fault["counts"]) >= 4, summary
-    assert done.returncode == 0, summary
+    assert process.returncode == 0, summary

@@ -85,7 +85,7 @@ EOF
     rabbit_env
     "$RABBIT_BIN/rabbitmq-plugins" enable --offline rabbitmq_consistent_hash_exchange rabbitmq_management >/dev/null
     say "starting rabbitmq on 127.0.0.1:$AMQP_PORT (management $MGMT_PORT)"
-    "$RABBIT_BIN/rabbitmq-server" -detached >"$dir/log/start.out" 2>&1
+    setsid "$RABBIT_BIN/rabbitmq-server" -detached >"$dir/log/start.out" 2>&1
     "$RABBIT_BIN/rabbitmqctl" wait --timeout 120 "$RABBITMQ_PID_FILE" >/dev/null \
         || die "rabbitmq did not start; see $dir/log"
     "$RABBIT_BIN/rabbitmqctl" await_startup --timeout 120 >/dev/null
@@ -134,7 +134,9 @@ admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,stat,mntr
 EOF
     say "starting zookeeper on 127.0.0.1:$ZK_PORT"
-    nohup java -Xmx256m -cp "$ZK_JARS" org.apache.zookeeper.server.ZooKeeperServerMain \
+    # setsid: the server must not belong to the caller's process group, which a test harness
+    # may kill as a whole.
+    setsid nohup java -Xmx256m -cp "$ZK_JARS" org.apache.zookeeper.server.ZooKeeperServerMain \
         "$dir/zoo.cfg" >"$dir/zookeeper.log" 2>&1 </dev/null &
     echo $! >"$dir/zk.pid"
     wait_for zookeeper 60 zk_answers

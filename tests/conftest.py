@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from urllib.parse import quote
 
 import pytest
@@ -53,11 +53,16 @@ def vhost(endpoints: Endpoints) -> Iterator[str]:
 def zk_root(endpoints: Endpoints) -> Iterator[str]:
     """A fresh ZooKeeper path used as chroot, deleted afterwards."""
     root = f"/hashq-tests/{uuid.uuid4().hex[:10]}"
-    client: KazooClient = open_zk(endpoints.zk_hosts)
+    _on_zk(endpoints.zk_hosts, lambda client: client.ensure_path(root))
+    yield root
+    # A new client: the test may have restarted ZooKeeper under the first one.
+    _on_zk(endpoints.zk_hosts, lambda client: client.delete(root, recursive=True))
+
+
+def _on_zk(hosts: str, action: Callable[[KazooClient], object]) -> None:
+    client: KazooClient = open_zk(hosts)
     try:
-        client.ensure_path(root)
-        yield root
-        client.delete(root, recursive=True)
+        action(client)
     finally:
         client.stop()
         client.close()

@@ -1,5 +1,6 @@
-"""The short chaos run: hashq under a fixed-seed fault schedule (worker kills, stops, a leader
-kill, broker and ZooKeeper restarts), judged by the independent checker."""
+"""The short chaos run: hashq under a fixed-seed fault schedule drawn from the chaos faults
+(worker kills, stops, leader kills, broker and ZooKeeper restarts), judged by the independent
+checker."""
 
 from __future__ import annotations
 

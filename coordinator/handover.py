@@ -150,7 +150,3 @@ def assignments(
         if record.state == GRANTED and assignment and assignment.incarnation == record.incarnation:
             assignment.grants[bucket] = record.epoch
     return result
-
-
-def in_transit(records: Mapping[int, BucketRecord]) -> list[int]:
-    return sorted(b for b, r in records.items() if r.state in (REVOKING, FENCING))

@@ -13,7 +13,6 @@ import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractConnection
@@ -213,16 +212,3 @@ class BucketLease:
     @property
     def channel_alive(self) -> bool:
         return self._channel is not None and not self._channel.is_closed
-
-    @property
-    def held(self) -> int:
-        return self._held
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "bucket": self.bucket,
-            "epoch": self.epoch,
-            "state": self.state.value,
-            "held": self._held,
-            "active_keys": self._lanes.active_keys,
-        }

@@ -67,8 +67,3 @@ class Lanes(Generic[T]):
     @property
     def active_keys(self) -> int:
         return len(self._behind)
-
-    @property
-    def waiting(self) -> int:
-        """Items held behind an active item of their key."""
-        return sum(len(behind) for behind in self._behind.values())

@@ -54,12 +54,6 @@ class Grants:
             time.sleep(0.1)
         raise AssertionError(f"worker {worker_id} did not register within {within}s")
 
-    def assignment(self, worker_id: str) -> Assignment | None:
-        try:
-            return Assignment.decode(self.zk.get(self.paths.assignment(worker_id))[0])
-        except NoNodeError:
-            return None
-
     def assign(self, worker: Registration, grants: dict[int, int]) -> None:
         """Make ``grants`` the whole assignment of ``worker``'s current incarnation."""
         transaction = self.zk.transaction()

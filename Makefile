@@ -38,7 +38,9 @@ lint: venv
 clean: down
 	rm -rf $(VENV) .services
 
+# Each design (hashq, then the two naive baselines) gets DURATION seconds of the same faults.
 DURATION ?= 600
 SEED ?= 1
+CHAOS_ARGS ?= --rate 2000 --keys 5000
 chaos: venv services
-	$(BIN)/python -m chaos.run --duration $(DURATION) --seed $(SEED)
+	$(BIN)/python -m chaos.run --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)

@@ -2,11 +2,14 @@
 confirmed, what the handlers say they executed, and what the dead-letter queue holds, and
 counts what went wrong.
 
-- lost: confirmed, never completed, not dead-lettered;
+- lost: confirmed, never completed, not dead-lettered, not still in a queue (``unfinished``:
+  what a design had not processed when the run stopped waiting for it);
 - reordered: per key, the first execution of seq n started after an execution of a higher seq
   had completed (a repeat of an already executed seq is a redelivery, not a reordering);
 - overlapping: two executions of one key overlapping in time, split into those within one
-  epoch (a bug) and those where the older epoch belonged to a fenced zombie;
+  epoch (a bug) and those where the older epoch belonged to a fenced zombie. A design without
+  a fencing token records epoch None: nothing downstream can tell its two executions apart,
+  so each of its overlaps counts as a same-epoch one;
 - duplicates: executions beyond the first of a message (at-least-once: counted, not failed).
 """
 
@@ -27,6 +30,7 @@ class Verdict:
     completed: int = 0
     keys: int = 0
     lost: int = 0
+    unfinished: int = 0
     dead_lettered: int = 0
     reordered: int = 0
     overlapping_same_epoch: int = 0
@@ -57,7 +61,10 @@ def read_lines(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 def judge(
-    confirmed: list[dict[str, Any]], executions: list[dict[str, Any]], dead: set[tuple[str, int]]
+    confirmed: list[dict[str, Any]],
+    executions: list[dict[str, Any]],
+    dead: set[tuple[str, int]],
+    queued: set[tuple[str, int]] | None = None,
 ) -> Verdict:
     verdict = Verdict(confirmed=len(confirmed), executions=len(executions))
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -68,7 +75,12 @@ def judge(
     verdict.keys = len({row["key"] for row in confirmed})
     verdict.dead_lettered = len(dead)
     for row in confirmed:
-        if (row["key"], row["seq"]) not in done and (row["key"], row["seq"]) not in dead:
+        message = (row["key"], row["seq"])
+        if message in done or message in dead:
+            continue
+        if queued and message in queued:
+            verdict.unfinished += 1
+        else:
             verdict.lost += 1
             verdict.example("lost", f"{row['key']}#{row['seq']}")
     for key, runs in by_key.items():
@@ -100,7 +112,8 @@ def _judge_key(key: str, runs: list[dict[str, Any]], verdict: Verdict) -> None:
 
 
 def _overlap(key: str, first: dict[str, Any], second: dict[str, Any], verdict: Verdict) -> None:
-    if first["epoch"] == second["epoch"] and first["bucket"] == second["bucket"]:
+    tokens = (first["epoch"], first["bucket"]), (second["epoch"], second["bucket"])
+    if first["epoch"] is None or second["epoch"] is None or tokens[0] == tokens[1]:
         verdict.overlapping_same_epoch += 1
         verdict.example(
             "overlapping_same_epoch",

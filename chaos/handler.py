@@ -1,6 +1,6 @@
-"""The handler the chaos workers run: a short, variable amount of work, then one JSON line per
-execution appended (os.write on an O_APPEND descriptor: atomic, survives kill -9) to the file
-named by HASHQ_CHAOS_RECORD."""
+"""The work every chaos consumer does, hashq's or a baseline's: a short, variable pause, then
+one JSON line per execution appended to the file named by HASHQ_CHAOS_RECORD (see
+``examples.fleet.append_record``: atomic, survives kill -9)."""
 
 from __future__ import annotations
 
@@ -10,28 +10,32 @@ import os
 import random
 import time
 
+from examples.fleet import append_record
 from hashq.message import Message
 
-_fd: int | None = None
+
+async def execute(
+    key: str, body: bytes, message_id: str | None, bucket: int, epoch: int | None, again: bool
+) -> None:
+    """Do the work of one message and record it. ``epoch`` None: the design has no token."""
+    started = time.time()
+    await asyncio.sleep(random.uniform(0.0005, 0.004))
+    append_record(
+        "HASHQ_CHAOS_RECORD",
+        {
+            "key": key,
+            "seq": json.loads(body)["seq"],
+            "id": message_id,
+            "worker": os.environ.get("HASHQ_WORKER_ID", str(os.getpid())),
+            "bucket": bucket,
+            "epoch": epoch,
+            "redelivered": again,
+            "start": started,
+            "end": time.time(),
+        },
+    )
 
 
 async def record(msg: Message) -> None:
-    started = time.time()
-    await asyncio.sleep(random.uniform(0.0005, 0.004))
-    entry = {
-        "key": msg.key,
-        "seq": json.loads(msg.body)["seq"],
-        "id": msg.message_id,
-        "worker": os.environ.get("HASHQ_WORKER_ID", str(os.getpid())),
-        "bucket": msg.bucket,
-        "epoch": msg.epoch,
-        "redelivered": msg.redelivered,
-        "start": started,
-        "end": time.time(),
-    }
-    global _fd
-    if _fd is None:
-        _fd = os.open(
-            os.environ["HASHQ_CHAOS_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-        )
-    os.write(_fd, (json.dumps(entry) + "\n").encode())
+    """The handler hashq's chaos workers run."""
+    await execute(msg.key, msg.body, msg.message_id, msg.bucket, msg.epoch, msg.redelivered)

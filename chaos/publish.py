@@ -3,8 +3,9 @@ message is published only after the previous one was confirmed, so per-key publi
 well defined even when a publish fails and is retried. Every confirmed message is appended to
 the ``--confirmed`` file as ``{"key", "seq", "id"}`` (one line each, flushed per batch).
 
-``--client hashq`` uses hashq's Publisher; ``--client plain`` uses aio-pika directly, as any
-AMQP client would (mandatory, confirms), to show that foreign publishers work too.
+``--client hashq`` uses hashq's Publisher (to the app's exchange; ``--exchange`` must name it);
+``--client plain`` uses aio-pika directly, as any AMQP client would (mandatory, confirms), to
+show that foreign publishers work too, and to feed the naive designs' exchanges.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from hashq.settings import Settings, load_settings
 Send = Callable[[list[Outgoing]], Awaitable[set[int]]]  # returns indexes confirmed
 
 
-async def hashq_sender(settings: Settings) -> tuple[Send, Callable[[], Awaitable[None]]]:
+async def hashq_sender(
+    settings: Settings, exchange_name: str
+) -> tuple[Send, Callable[[], Awaitable[None]]]:
     publisher = Publisher(settings)
 
     async def send(batch: list[Outgoing]) -> set[int]:
@@ -45,8 +48,10 @@ async def hashq_sender(settings: Settings) -> tuple[Send, Callable[[], Awaitable
     return send, publisher.close
 
 
-async def plain_sender(settings: Settings) -> tuple[Send, Callable[[], Awaitable[None]]]:
-    """aio-pika only: exchange hashq.<app>, routing key = entity key, mandatory, confirms."""
+async def plain_sender(
+    settings: Settings, exchange_name: str
+) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    """aio-pika only: routing key = entity key, mandatory, confirms."""
     state: dict[str, object] = {}
 
     async def exchange() -> aio_pika.abc.AbstractExchange:
@@ -55,7 +60,7 @@ async def plain_sender(settings: Settings) -> tuple[Send, Callable[[], Awaitable
             connection = await aio_pika.connect(settings.amqp_url)
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             state["connection"] = connection
-            state["exchange"] = await channel.get_exchange(f"hashq.{settings.app}")
+            state["exchange"] = await channel.get_exchange(exchange_name)
         return state["exchange"]  # type: ignore[return-value]
 
     async def send(batch: list[Outgoing]) -> set[int]:
@@ -95,7 +100,8 @@ async def plain_sender(settings: Settings) -> tuple[Send, Callable[[], Awaitable
 
 async def run(args: argparse.Namespace) -> None:
     settings = load_settings()
-    send, close = await (hashq_sender if args.client == "hashq" else plain_sender)(settings)
+    sender = hashq_sender if args.client == "hashq" else plain_sender
+    send, close = await sender(settings, args.exchange)
     rng = random.Random(args.seed)
     keys = [f"{args.prefix}-{n:05d}" for n in range(args.keys)]
     next_seq = dict.fromkeys(keys, 0)
@@ -132,6 +138,7 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="chaos-publish")
     parser.add_argument("--client", choices=["hashq", "plain"], default="hashq")
+    parser.add_argument("--exchange", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=500.0)

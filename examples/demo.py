@@ -16,66 +16,27 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from examples.checker import check
-from hashq.amqp import connect_amqp, connection_name
+from examples.fleet import Fleet, remove_app
 from hashq.cli import run_command, settings_flags, setup_logging
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.status import gather_status
-from hashq.topology import Topology
-from hashq.zk import close_zk, connect_zk
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
-class Fleet:
-    """The demo's coordinator and worker processes."""
-
-    def __init__(self, settings: Settings, record: Path, logs: Path) -> None:
-        self._env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("HASHQ_")},
-            **settings.environment(),
-            "HASHQ_ZK_SESSION_TIMEOUT": "3",  # a killed worker's buckets move within seconds
-            "HASHQ_DEMO_RECORD": str(record),
-        }
-        self._logs = logs
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str) -> None:
-        if name.startswith("coordinator"):
-            command = ["-m", "coordinator.cli", "--coordinator-id", name]
-        else:
-            command = ["-m", "hashq.worker_cli", "examples.videos:transcode", "--worker-id", name]
-        log = (self._logs / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(
-            [sys.executable, *command],
-            env={**self._env, "HASHQ_WORKER_ID": name},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        say(f"started {name}")
-
-    def signal(self, name: str, number: int) -> None:
-        self.processes[name].send_signal(number)
-        say(f"sent {signal.Signals(number).name} to {name}")
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(40)
-            except subprocess.TimeoutExpired:
-                process.kill()
+def start(fleet: Fleet, name: str) -> None:
+    if name.startswith("coordinator"):
+        fleet.start(name, "-m", "coordinator.cli", "--coordinator-id", name)
+    else:
+        handler = "examples.videos:transcode"
+        fleet.start(name, "-m", "hashq.worker_cli", handler, "--worker-id", name)
+    say(f"started {name}")
 
 
 def say(text: str) -> None:
@@ -119,12 +80,19 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
     await ensure_topology(settings)
     scratch = Path(tempfile.mkdtemp(prefix="hashq-demo-"))
     record = scratch / "executions.jsonl"
-    fleet = Fleet(settings, record, scratch)
+    fleet = Fleet(
+        settings,
+        scratch,
+        {
+            "HASHQ_ZK_SESSION_TIMEOUT": "3",  # a killed worker's buckets move within seconds
+            "HASHQ_DEMO_RECORD": str(record),
+        },
+    )
     published: dict[str, int] = {}
     say(f"app {settings.app}: {settings.buckets} buckets; logs and records in {scratch}")
     try:
         for name in ("coordinator-1", "coordinator-2", "worker-1", "worker-2"):
-            fleet.start(name)
+            start(fleet, name)
         await asyncio.sleep(3)
         publisher = asyncio.ensure_future(
             publish_stream(settings, args.users, args.rate, args.seconds, published)
@@ -141,9 +109,10 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
             while timeline and timeline[0][0] <= elapsed:
                 _, name, number = timeline.pop(0)
                 if number is None:
-                    fleet.start(name)
+                    start(fleet, name)
                 else:
                     fleet.signal(name, number)
+                    say(f"sent {signal.Signals(number).name} to {name}")
             await show_status(settings, record, published)
             if time.monotonic() - started > args.seconds + 90:
                 say("giving up waiting for the workers")
@@ -151,29 +120,12 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
             await asyncio.sleep(2.5)
         await publisher
     finally:
-        fleet.stop_all()
+        fleet.stop_all(within=40)
         if args.keep:
             say(f"kept app {settings.app}")
         else:
             await remove_app(settings)
     return report(record, published)
-
-
-async def remove_app(settings: Settings) -> None:
-    """Delete the demo app's queues, exchanges and ZooKeeper state, so runs do not pile up."""
-    topology = Topology.from_settings(settings)
-    connection = await connect_amqp(settings, connection_name("demo-cleanup"))
-    async with connection:
-        channel = await connection.channel()
-        for queue in [*topology.bucket_queues(), topology.dead_letter_queue]:
-            await channel.queue_delete(queue)
-        for exchange in (topology.exchange, topology.ring_exchange, topology.dead_letter_exchange):
-            await channel.exchange_delete(exchange)
-    zk = await asyncio.to_thread(connect_zk, settings)
-    try:
-        await asyncio.to_thread(zk.delete, topology.zk_root, recursive=True)
-    finally:
-        await asyncio.to_thread(close_zk, zk)
 
 
 def _count_lines(path: Path) -> int:

@@ -14,15 +14,15 @@ import random
 import time
 
 import hashq
-
-_record_fd: int | None = None
+from examples.fleet import append_record
 
 
 async def transcode(msg: hashq.Message) -> None:
     job = msg.data if msg.data is not None else json.loads(msg.body)
     started = time.time()
     await asyncio.sleep(random.uniform(0.002, 0.010))  # the "transcoding"
-    _record(
+    append_record(
+        "HASHQ_DEMO_RECORD",
         {
             "key": msg.key,
             "seq": job["seq"],
@@ -34,15 +34,5 @@ async def transcode(msg: hashq.Message) -> None:
             "start": started,
             "end": time.time(),
             "outcome": "ok",
-        }
+        },
     )
-
-
-def _record(entry: dict[str, object]) -> None:
-    global _record_fd
-    path = os.environ.get("HASHQ_DEMO_RECORD")
-    if path is None:
-        return
-    if _record_fd is None:
-        _record_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(_record_fd, (json.dumps(entry) + "\n").encode())

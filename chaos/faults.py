@@ -1,0 +1,141 @@
+"""The fault schedule of a chaos run: each fault drawn from the seed, carried out on the run's
+processes or servers, and logged with its time (``at``: seconds into the run; ``wall``: epoch
+seconds, to line up with the execution records)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from chaos.designs import Design
+from examples.fleet import Fleet
+from hashq.settings import Settings
+
+SERVICES = Path(__file__).resolve().parent.parent / "scripts" / "services.sh"
+SESSION_SECONDS = 4.0
+
+
+def say(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')}  {text}", flush=True)
+
+
+class Chaos:
+    """Draws and carries out faults; ``log`` lists what was done."""
+
+    def __init__(self, fleet: Fleet, design: Design, settings: Settings, seed: int) -> None:
+        self.fleet = fleet
+        self.design = design
+        self.settings = settings
+        self.rng = random.Random(seed)
+        self.log: list[dict[str, Any]] = []
+        self._started = time.monotonic()
+        self._serial = 0
+
+    def note(self, fault: str, target: str = "") -> dict[str, Any]:
+        entry = {
+            "at": round(time.monotonic() - self._started, 2),
+            "wall": time.time(),
+            "fault": fault,
+            "target": target,
+        }
+        self.log.append(entry)
+        say(f"fault: {fault} {target}".rstrip())
+        return entry
+
+    def start(self, kind: str) -> str:
+        """Start a worker or a coordinator of the design; returns its name."""
+        self._serial += 1
+        name = f"{kind}-{self._serial}"
+        if kind == "coordinator":
+            return self.fleet.start(name, "-m", "coordinator.cli", "--coordinator-id", name)
+        return self.fleet.start(name, *self.design.worker(name))
+
+    async def one(self) -> None:
+        faults: list[Callable[[], Any]] = [
+            self.kill_worker,
+            self.start_worker,
+            self.term_worker,
+            self.stop_worker,
+            self.kill_leader,
+            lambda: self.restart("rabbitmq"),
+            lambda: self.restart("zookeeper"),
+        ]
+        result = self.rng.choice(faults)()
+        if asyncio.iscoroutine(result):
+            await result
+
+    def _victim(self) -> str | None:
+        workers = self.fleet.alive("worker")
+        if len(workers) <= 1:
+            self.start_worker()
+            return None
+        return self.rng.choice(workers)
+
+    def kill_worker(self) -> None:
+        if victim := self._victim():
+            self.fleet.signal(victim, signal.SIGKILL)
+            self.note("kill -9 worker", victim)
+
+    def start_worker(self) -> None:
+        self.note("start worker", self.start("worker"))
+
+    def term_worker(self) -> None:
+        if victim := self._victim():
+            self.fleet.signal(victim, signal.SIGTERM)
+            self.note("SIGTERM worker", victim)
+
+    async def stop_worker(self) -> None:
+        if victim := self._victim():
+            self.fleet.signal(victim, signal.SIGSTOP)
+            entry = self.note("SIGSTOP worker", victim)
+            await asyncio.sleep(SESSION_SECONDS * 2.5)
+            self.fleet.signal(victim, signal.SIGCONT)
+            entry["until"] = time.time()
+            say(f"SIGCONT {victim}")
+
+    async def kill_leader(self) -> None:
+        if not self.design.coordinated:
+            say("kill -9 leader: this design has no coordinator")
+            return
+        leader = await asyncio.to_thread(read_leader, self.settings)
+        if leader and leader in self.fleet.processes:
+            self.fleet.signal(leader, signal.SIGKILL)
+            self.note("kill -9 leader", leader)
+            self.start("coordinator")
+
+    async def restart(self, service: str) -> None:
+        entry = self.note(f"restart {service}")
+        ok = await asyncio.to_thread(services, "restart", service)
+        if not ok:  # a harness fault, not the design's: bring the service back
+            ok = await asyncio.to_thread(services, "up", service)
+        entry["until"] = time.time()
+        say(f"restart {service} {'done' if ok else 'FAILED'}")
+
+
+def services(command: str, service: str) -> bool:
+    done = subprocess.run(["bash", str(SERVICES), command, service], capture_output=True)
+    if done.returncode != 0:
+        say(f"services.sh {command} {service}: {done.stderr.decode(errors='replace').strip()}")
+    return done.returncode == 0
+
+
+def read_leader(settings: Settings) -> str | None:
+    from hashq.protocol import Leadership, Paths
+    from hashq.zk import close_zk, connect_zk
+
+    try:
+        zk = connect_zk(settings)
+    except Exception:
+        return None
+    try:
+        return Leadership.decode(zk.get(Paths(settings.app).leader)[0]).leader
+    except Exception:
+        return None
+    finally:
+        close_zk(zk)

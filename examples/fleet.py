@@ -1,0 +1,113 @@
+"""Processes started for a demo or a chaos run: each one gets the settings' environment (and
+nothing else of the caller's ``HASHQ_*`` variables), its own log file and a name by which it
+can be signalled later."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hashq.amqp import connect_amqp, connection_name
+from hashq.settings import Settings
+from hashq.topology import Topology
+from hashq.zk import close_zk, connect_zk
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Fleet:
+    """Named child processes; ``python -m <module> ...`` each, logging to ``<logs>/<name>.log``."""
+
+    def __init__(self, settings: Settings, logs: Path, extra: dict[str, str]) -> None:
+        self._env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("HASHQ_")},
+            **settings.environment(),
+            **extra,
+        }
+        self._logs = logs
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *argv: str) -> str:
+        log = (self._logs / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, *argv],
+            env={**self._env, "HASHQ_WORKER_ID": name},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        return name
+
+    def alive(self, prefix: str) -> list[str]:
+        return [
+            name
+            for name, process in self.processes.items()
+            if name.startswith(prefix) and process.poll() is None
+        ]
+
+    def signal(self, name: str, number: int) -> None:
+        if self.processes[name].poll() is None:
+            self.processes[name].send_signal(number)
+
+    def stop_all(self, within: float = 45) -> None:
+        """SIGCONT and SIGTERM to all, then SIGKILL to whatever is left after ``within``."""
+        for name in self.processes:
+            self.signal(name, signal.SIGCONT)
+            self.signal(name, signal.SIGTERM)
+        deadline = time.monotonic() + within
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+
+
+_descriptors: dict[str, int] = {}
+
+
+def append_record(variable: str, entry: dict[str, object]) -> None:
+    """Append ``entry`` as one JSON line to the file named by the environment ``variable``.
+
+    One ``os.write`` on an ``O_APPEND`` descriptor: atomic between processes, and on disk (in
+    the page cache) the moment it returns, so a record survives the writer's kill -9.
+    """
+    path = os.environ.get(variable)
+    if path is None:
+        return
+    if path not in _descriptors:
+        _descriptors[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_descriptors[path], (json.dumps(entry) + "\n").encode())
+
+
+async def remove(settings: Settings, queues: list[str], exchanges: list[str], zk_path: str) -> None:
+    """Delete a run's queues, exchanges and ZooKeeper subtree, so that runs do not pile up."""
+    connection = await connect_amqp(settings, connection_name("cleanup"))
+    async with connection:
+        channel = await connection.channel()
+        for queue in queues:
+            await channel.queue_delete(queue)
+        for exchange in exchanges:
+            await channel.exchange_delete(exchange)
+    zk = await asyncio.to_thread(connect_zk, settings)
+    try:
+        await asyncio.to_thread(zk.delete, zk_path, recursive=True)
+    finally:
+        await asyncio.to_thread(close_zk, zk)
+
+
+async def remove_app(settings: Settings) -> None:
+    """Delete a hashq app: its queues, exchanges and ZooKeeper state."""
+    topology = Topology.from_settings(settings)
+    await remove(
+        settings,
+        [*topology.bucket_queues(), topology.dead_letter_queue],
+        [topology.exchange, topology.ring_exchange, topology.dead_letter_exchange],
+        topology.zk_root,
+    )

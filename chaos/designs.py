@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from chaos import naive
-from examples.fleet import remove, remove_app
 from hashq.amqp import connect_amqp, connection_name
+from hashq.fleet import remove, remove_app
 from hashq.provision import ensure_topology
 from hashq.settings import Settings
 from hashq.topology import Topology

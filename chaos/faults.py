@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.designs import Design
-from examples.fleet import Fleet
+from hashq.fleet import Fleet
 from hashq.settings import Settings
 
 SERVICES = Path(__file__).resolve().parent.parent / "scripts" / "services.sh"

@@ -1,6 +1,6 @@
 """The work every chaos consumer does, hashq's or a baseline's: a short, variable pause, then
 one JSON line per execution appended to the file named by HASHQ_CHAOS_RECORD (see
-``examples.fleet.append_record``: atomic, survives kill -9)."""
+``examples.record.append_record``: atomic, survives kill -9)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import random
 import time
 
-from examples.fleet import append_record
+from examples.record import append_record
 from hashq.message import Message
 
 

@@ -3,8 +3,8 @@ the execution records alone.
 
 - a worker killed, stopped or terminated: the buckets it executed in the ``WINDOW`` seconds
   before the fault; recovered when another worker starts a message there;
-- a worker started: the buckets it executed within ``HORIZON`` seconds; recovered when it
-  starts its first message there (how soon a newcomer gets to work);
+- a worker started: recovered when it starts its first message (how soon a newcomer gets to
+  work; the buckets it receives later, in other rebalances, do not count);
 - a leader killed, a server restarted: every bucket active in the window; recovered at the
   first start after the fault ended (``until``), counted from the fault's beginning.
 
@@ -63,7 +63,8 @@ def recovery(fault: dict[str, Any], timeline: Timeline) -> dict[str, Any]:
         times = [timeline.first(b, at, lambda who: who != target) for b in buckets]
     elif fault["fault"] == "start worker":
         buckets = timeline.active(at, at + HORIZON, target)
-        times = [timeline.first(b, at, lambda who: who == target) for b in buckets]
+        firsts = [t for b in buckets if (t := timeline.first(b, at, lambda who: who == target))]
+        times = [min(firsts)] if firsts else [None]
     else:
         buckets = timeline.active(at - WINDOW, at)
         times = [timeline.first(b, fault.get("until", at), lambda _: True) for b in buckets]

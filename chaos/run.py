@@ -27,8 +27,10 @@ from chaos.checker import judge, read_lines
 from chaos.designs import DESIGNS, Design, take_all
 from chaos.faults import SESSION_SECONDS, Chaos, say
 from chaos.recovery import recoveries
-from examples.fleet import Fleet
+from hashq.fleet import Fleet
 from hashq.settings import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Files:
@@ -53,6 +55,7 @@ async def run_design(
         settings,
         files.folder,
         {"HASHQ_ZK_SESSION_TIMEOUT": str(SESSION_SECONDS), "HASHQ_CHAOS_RECORD": str(files.record)},
+        cwd=ROOT,
     )
     chaos = Chaos(fleet, design, settings, args.seed)
     say(f"{design.title}: {args.duration:g}s of faults, seed {args.seed}; files in {files.folder}")

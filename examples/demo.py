@@ -22,12 +22,14 @@ import time
 from pathlib import Path
 
 from examples.checker import check
-from examples.fleet import Fleet, remove_app
 from hashq.cli import run_command, settings_flags, setup_logging
+from hashq.fleet import Fleet, remove_app
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.status import gather_status
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def start(fleet: Fleet, name: str) -> None:
@@ -87,6 +89,7 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
             "HASHQ_ZK_SESSION_TIMEOUT": "3",  # a killed worker's buckets move within seconds
             "HASHQ_DEMO_RECORD": str(record),
         },
+        cwd=ROOT,
     )
     published: dict[str, int] = {}
     say(f"app {settings.app}: {settings.buckets} buckets; logs and records in {scratch}")

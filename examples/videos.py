@@ -14,7 +14,7 @@ import random
 import time
 
 import hashq
-from examples.fleet import append_record
+from examples.record import append_record
 
 
 async def transcode(msg: hashq.Message) -> None:

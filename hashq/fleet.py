@@ -1,11 +1,10 @@
-"""Processes started for a demo or a chaos run: each one gets the settings' environment (and
-nothing else of the caller's ``HASHQ_*`` variables), its own log file and a name by which it
-can be signalled later."""
+"""Processes started for a demo, a chaos run or a benchmark: each one gets the settings'
+environment (and nothing else of the caller's ``HASHQ_*`` variables), its own log file and a
+name by which it can be signalled later. And the removal of what such a run created."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -18,19 +17,20 @@ from hashq.settings import Settings
 from hashq.topology import Topology
 from hashq.zk import close_zk, connect_zk
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 class Fleet:
     """Named child processes; ``python -m <module> ...`` each, logging to ``<logs>/<name>.log``."""
 
-    def __init__(self, settings: Settings, logs: Path, extra: dict[str, str]) -> None:
+    def __init__(
+        self, settings: Settings, logs: Path, extra: dict[str, str], cwd: Path | None = None
+    ) -> None:
         self._env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("HASHQ_")},
             **settings.environment(),
             **extra,
         }
         self._logs = logs
+        self._cwd = cwd  # where ``-m`` finds modules outside the installed package
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *argv: str) -> str:
@@ -40,7 +40,7 @@ class Fleet:
             env={**self._env, "HASHQ_WORKER_ID": name},
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
+            cwd=self._cwd,
         )
         return name
 
@@ -67,23 +67,6 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)
-
-
-_descriptors: dict[str, int] = {}
-
-
-def append_record(variable: str, entry: dict[str, object]) -> None:
-    """Append ``entry`` as one JSON line to the file named by the environment ``variable``.
-
-    One ``os.write`` on an ``O_APPEND`` descriptor: atomic between processes, and on disk (in
-    the page cache) the moment it returns, so a record survives the writer's kill -9.
-    """
-    path = os.environ.get(variable)
-    if path is None:
-        return
-    if path not in _descriptors:
-        _descriptors[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(_descriptors[path], (json.dumps(entry) + "\n").encode())
 
 
 async def remove(settings: Settings, queues: list[str], exchanges: list[str], zk_path: str) -> None:

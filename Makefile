@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?=
 
-.PHONY: run test lint services down status venv clean chaos
+.PHONY: run test lint services down status venv clean chaos bench
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,3 +44,7 @@ SEED ?= 1
 CHAOS_ARGS ?= --rate 2000 --keys 5000
 chaos: venv services
 	$(BIN)/python -m chaos.run --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
+
+# Every benchmark step in one run; figures in .bench/bench.json, the plot in docs/.
+bench: venv services
+	$(BIN)/hashq bench --out .bench --plot docs/benchmarks.png

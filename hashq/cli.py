@@ -62,13 +62,29 @@ def setup_logging(level: str) -> None:
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)
 
 
+def run_loop(main: Coroutine[Any, Any, int], choice: str) -> int:
+    """Run ``main`` on uvloop (``auto``: where it is installed) or on asyncio's own loop."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                main.close()
+                raise ConfigError(
+                    "setting event_loop: uvloop is not installed (pip install uvloop)"
+                ) from None
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
+
+
 def run_command(
     command: Command, args: argparse.Namespace, prog: str, kind: type[Settings] = Settings
 ) -> int:
     """Run ``command`` with settings built from ``args``; map errors to one line and a status."""
     try:
         settings = settings_from_args(args, kind)
-        return asyncio.run(command(settings, args))
+        return run_loop(command(settings, args), settings.event_loop)
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -108,7 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
     status = command("status", "show the topology and bucket depths")
     status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     status.set_defaults(func=admin.status)
+
+    bench = command("bench", "measure hashq against the raw broker on this machine")
+    bench.add_argument("--quick", action="store_true", help="a reduced run, under a minute")
+    bench.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    bench.add_argument("--out", help="folder for the figures and records (default: a temp one)")
+    bench.add_argument("--plot", help="where to write the PNG plot (default: in --out)")
+    bench.set_defaults(func=_bench)
     return parser
+
+
+async def _bench(settings: Settings, args: argparse.Namespace) -> int:
+    from hashq.bench.run import bench  # only this command needs it
+
+    return await bench(settings, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

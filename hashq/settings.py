@@ -50,6 +50,9 @@ class Settings(BaseSettings):
         30.0, gt=0, le=3600, description="seconds to wait for a publisher confirm"
     )
     zk_session_timeout: float = Field(10.0, ge=1, le=60, description="ZooKeeper session seconds")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto", description="uvloop where installed (auto), or asyncio's own loop"
+    )
 
     @field_validator("amqp_url")
     @classmethod

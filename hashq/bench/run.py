@@ -60,6 +60,14 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
             app, folder / "hashq", plan, "hashq.bench.probe:noop"
         )
         steps.say(f"    {hashq}")
+        steps.say("   the consuming side alone: queues filled first, then the consumer started")
+        raw["consumed_per_s"] = (await steps.drain(app, folder / "raw-drain", plan, "raw"))[
+            "consumed_per_s"
+        ]
+        hashq["consumed_per_s"] = (
+            await steps.drain(app, folder / "hashq-drain", plan, "hashq.bench.probe:noop")
+        )["consumed_per_s"]
+        steps.say(f"    raw {raw['consumed_per_s']}/s, hashq {hashq['consumed_per_s']}/s")
         rate = hashq["end_to_end_per_s"] / 2
         if not plan.quick:
             steps.say(f"    latency at {rate:.0f}/s (half the maximum)")
@@ -122,6 +130,11 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         "raw_msgs_per_s": raw,
         "hashq_msgs_per_s": hashq,
         "ratio": round(hashq / raw, 3),
+        "raw_consumed_per_s": results["raw"]["consumed_per_s"],
+        "hashq_consumed_per_s": results["hashq"]["consumed_per_s"],
+        "consume_ratio": round(
+            results["hashq"]["consumed_per_s"] / results["raw"]["consumed_per_s"], 3
+        ),
         "handover_pause_ms_max": results["handover"]["pause_ms_max"],
         "unmoved_throughput_ratio": results["handover"]["unmoved_throughput_ratio"],
         "failover_s": results["failover"][0]["failover_s_max"],
@@ -135,6 +148,8 @@ def print_summary(results: dict[str, Any]) -> None:
         ("ratio (target >= 0.8)", results["summary"]["ratio"]),
         ("raw publish, msg/s", results["raw"]["published_per_s"]),
         ("hashq publish, msg/s", results["hashq"]["published_per_s"]),
+        ("raw consume alone, msg/s", results["raw"]["consumed_per_s"]),
+        ("hashq consume alone, msg/s", results["hashq"]["consumed_per_s"]),
         ("handover pause, max ms", results["handover"]["pause_ms_max"]),
         ("unmoved throughput ratio", results["handover"]["unmoved_throughput_ratio"]),
     ]

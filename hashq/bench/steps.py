@@ -67,6 +67,24 @@ async def throughput(
         }
 
 
+async def drain(settings: Settings, folder: Path, plan: Plan, consumer: str) -> dict[str, Any]:
+    """The consuming side alone: ``plan.messages`` published first, then ``consumer`` ("raw",
+    or a hashq handler run by one worker) started on the full queues; messages per second from
+    its first start to its last."""
+    async with Rig(settings, folder, plan.session) as rig:
+        if consumer == "raw":
+            await rig.publish_raw(plan.messages, plan.keys)
+            rig.raw_consumer()
+        else:
+            rig.coordinator()
+            await rig.publish(plan.messages, plan.keys)
+            rig.worker("worker-1", consumer)
+        await rig.caught_up(plan.messages, within=max(120, plan.messages / 200))
+        lines = rig.lines()
+        first = min(entry[1] for line in lines for entry in line["buckets"].values())
+        return {"consumed_per_s": round(plan.messages / (figures.last_start(lines) - first))}
+
+
 async def steady(settings: Settings, folder: Path, plan: Plan, rate: float) -> dict[str, Any]:
     """End-to-end latency at a steady ``rate``, one worker with a no-op handler."""
     async with Rig(settings, folder, plan.session) as rig:

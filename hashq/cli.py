@@ -63,18 +63,21 @@ def setup_logging(level: str) -> None:
 
 
 def run_loop(main: Coroutine[Any, Any, int], choice: str) -> int:
-    """Run ``main`` on uvloop (``auto``: where it is installed) or on asyncio's own loop."""
-    if choice != "asyncio":
+    """Run ``main`` on asyncio's own loop, or on uvloop if chosen.
+
+    asyncio is the default: uvloop measured no faster for the worker (docs/benchmarks.md), and
+    it runs due timers before I/O. After a process freeze, a handler that was sleeping then
+    finishes before the worker reads that its connection was closed.
+    """
+    if choice == "uvloop":
         try:
             import uvloop
         except ImportError:
-            if choice == "uvloop":
-                main.close()
-                raise ConfigError(
-                    "setting event_loop: uvloop is not installed (pip install uvloop)"
-                ) from None
-        else:
-            return uvloop.run(main)
+            main.close()
+            raise ConfigError(
+                "setting event_loop: uvloop is not installed (pip install 'hashq[uvloop]')"
+            ) from None
+        return uvloop.run(main)
     return asyncio.run(main)
 
 

@@ -50,8 +50,8 @@ class Settings(BaseSettings):
         30.0, gt=0, le=3600, description="seconds to wait for a publisher confirm"
     )
     zk_session_timeout: float = Field(10.0, ge=1, le=60, description="ZooKeeper session seconds")
-    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
-        "auto", description="uvloop where installed (auto), or asyncio's own loop"
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        "asyncio", description="asyncio's own loop, or uvloop (pip install 'hashq[uvloop]')"
     )
 
     @field_validator("amqp_url")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hashq.bench import figures
-from hashq.bench.rig import Rig, cpu_seconds, resident_mb
+from hashq.bench.rig import Rig, cpu_seconds, machine_cpu, resident_mb
 from hashq.settings import Settings
 from hashq.status import gather_status
 
@@ -208,10 +208,3 @@ async def seed_workload(settings: Settings, folder: Path, plan: Plan) -> dict[st
             "worker_cpu_percent": round(100 * (cpu_after - cpu_before) / (published - started)),
             "machine_cpu_percent": round(100 * busy / total) if total else None,
         }
-
-
-def machine_cpu() -> tuple[float, float]:
-    """Busy and total jiffies of all CPUs so far (Linux)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]
-    return float(sum(values) - idle), float(sum(values))

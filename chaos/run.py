@@ -134,6 +134,10 @@ async def drain_until_done(chaos: Chaos, files: Files, within: float) -> None:
     if len(chaos.fleet.alive("worker")) < 2:
         chaos.start("worker")
     deadline = time.monotonic() + within
+    # The publishers stop on their own; their last batch is confirmed and recorded after the
+    # faults end. Comparing before they exit would miss it, and stop the workers too early.
+    for publisher in chaos.fleet.alive("publisher"):
+        await asyncio.to_thread(chaos.fleet.wait, publisher, deadline - time.monotonic())
     while time.monotonic() < deadline:
         sent = {(r["key"], r["seq"]) for r in read_lines(files.confirmed)}
         done = {(r["key"], r["seq"]) for r in read_lines([files.record])}

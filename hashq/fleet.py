@@ -55,6 +55,14 @@ class Fleet:
         if self.processes[name].poll() is None:
             self.processes[name].send_signal(number)
 
+    def wait(self, name: str, within: float) -> bool:
+        """Wait up to ``within`` seconds for ``name`` to exit; True if it did."""
+        try:
+            self.processes[name].wait(max(0.0, within))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def stop_all(self, within: float = 45) -> None:
         """SIGCONT and SIGTERM to all, then SIGKILL to whatever is left after ``within``."""
         for name in self.processes:

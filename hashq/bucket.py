@@ -19,12 +19,9 @@ from aio_pika.abc import AbstractConnection
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
-from hashq.acks import AckWindow
 from hashq.lanes import InOrder, Lanes
 
 log = logging.getLogger(__name__)
-
-ACK_DELAY = 0.005  # seconds a finished message may wait for its acknowledgement to be sent
 
 
 class LeaseState(enum.Enum):
@@ -68,12 +65,7 @@ class BucketLease:
     """The worker's hold on one bucket at one epoch."""
 
     def __init__(
-        self,
-        bucket: int,
-        epoch: int,
-        queue: str,
-        dispatch: Callable[[Job], None],
-        ack_batch: int = 8,
+        self, bucket: int, epoch: int, queue: str, dispatch: Callable[[Job], None]
     ) -> None:
         self.bucket = bucket
         self.epoch = epoch
@@ -90,10 +82,6 @@ class BucketLease:
         self._idle.set()
         self._settled = asyncio.Event()
         self._settled.set()
-        self._acks = AckWindow(ack_batch)
-        self._ack_timer: asyncio.TimerHandle | None = None
-        self._ack_lock = asyncio.Lock()
-        self._ack_tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"<bucket {self.bucket} epoch {self.epoch} {self.state.value}>"
@@ -158,55 +146,15 @@ class BucketLease:
         return True
 
     async def ack(self, job: Job) -> bool:
-        """Count ``job`` as done; its acknowledgement goes out with the next batch. False if
-        the lease is closed or the channel is gone (the message went back to the queue).
-
-        Acknowledgements go out as one ``multiple`` ack for every completed prefix of delivery
-        tags, when a batch is due or after ``ACK_DELAY`` seconds (see ``AckWindow``). A crash
-        before the batch went out redelivers those messages in their queue order, so each key
-        replays in order from its first unacknowledged message: at-least-once, not reordered.
-        """
-        if self.state is LeaseState.CLOSED or not self.channel_alive:
+        """Acknowledge ``job``; False if the lease is closed or the channel is gone."""
+        if self.state is LeaseState.CLOSED or self._channel is None:
             return False
-        if self._acks.complete(job.tag):
-            await self._send_acks()
-        elif self._ack_timer is None:
-            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._ack_later)
+        try:
+            await self._channel.basic_ack(job.tag)
+        except Exception as exc:
+            log.debug("bucket %d: ack of %d failed: %r", self.bucket, job.tag, exc)
+            return False
         return True
-
-    def _ack_later(self) -> None:
-        self._ack_timer = None
-        task = asyncio.ensure_future(self._send_acks())
-        self._ack_tasks.add(task)
-        task.add_done_callback(self._ack_tasks.discard)
-
-    async def _send_acks(self) -> None:
-        # One sender at a time: frames leave in the order of the takes. Otherwise a single ack
-        # could reach the broker after a multiple ack that covered it, which closes the channel.
-        async with self._ack_lock:
-            if self._ack_timer is not None:
-                self._ack_timer.cancel()
-                self._ack_timer = None
-            upto, singles = self._acks.take()
-            channel = self._channel
-            if channel is None or channel.is_closed:
-                return
-            try:
-                if upto:
-                    await channel.basic_ack(upto, multiple=True, wait=False)
-                for tag in singles:
-                    await channel.basic_ack(tag, wait=False)
-            except Exception as exc:
-                log.debug("bucket %d: acknowledging failed: %r", self.bucket, exc)
-                return
-            if self._acks.pending and self._ack_timer is None:
-                self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._ack_later)
-
-    async def flush_acks(self) -> None:
-        """Send everything complete now (before the channel closes); the second take sends
-        what is complete beyond a gap."""
-        await self._send_acks()
-        await self._send_acks()
 
     # ------------------------------------------------------------ ending
     async def drain(self, within: float) -> bool:
@@ -239,7 +187,6 @@ class BucketLease:
 
     async def close(self) -> None:
         """Close the channel now: unacknowledged messages return to the queue, in order."""
-        await self.flush_acks()  # what was finished is acknowledged, not redone
         self.state = LeaseState.CLOSED
         for job in list(self._running):
             if job.cancel is not None:

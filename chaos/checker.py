@@ -16,11 +16,12 @@ counts what went wrong.
 from __future__ import annotations
 
 import heapq
-import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hashq.jsonl import read_appended
 
 
 @dataclass
@@ -55,8 +56,7 @@ class Verdict:
 def read_lines(paths: list[Path]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for path in paths:
-        if path.exists():
-            rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        rows.extend(read_appended(path))
     return rows
 
 

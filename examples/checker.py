@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hashq.jsonl import read_appended
 
 
 @dataclass
@@ -23,9 +24,7 @@ class Report:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_appended(path)
 
 
 def check(path: Path, expected: dict[str, int]) -> Report:

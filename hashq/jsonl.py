@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any
 
 from hashq.errors import InvalidMessage
@@ -44,6 +45,33 @@ def read_messages(stream: IO[str]) -> Iterator[Outgoing]:
     for number, text in enumerate(stream, start=1):
         if text.strip():
             yield parse_line(text, number)
+
+
+def read_appended(path: Path) -> list[dict[str, Any]]:
+    """The records in a file that processes append to one JSON line at a time.
+
+    A reader can see the first part of a write before its rest (the kernel copies a write page
+    by page), and a kill -9 during a write leaves its first part for good, with the next record
+    appended to it. So the last line counts only once its newline is there, and a torn line
+    gives the one complete record that ends it, if any.
+    """
+    if not path.exists():
+        return []
+    complete, _, _ = path.read_text(errors="replace").rpartition("\n")
+    rows = (_parse_torn(line) for line in complete.split("\n") if line.strip())
+    return [row for row in rows if row is not None]
+
+
+def _parse_torn(line: str) -> dict[str, Any] | None:
+    start = 0
+    while start != -1:
+        try:
+            row = json.loads(line[start:])
+        except json.JSONDecodeError:
+            start = line.find("{", start + 1)
+            continue
+        return row if isinstance(row, dict) else None
+    return None
 
 
 class Progress:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hashq.jsonl import read_appended
 from tests.workers import check
 
 
@@ -44,3 +45,15 @@ def test_each_fault_is_reported(tmp_path: Path) -> None:
     assert report.skipped_ahead == ["a: 1 before 0"]
     assert report.overlaps == ["b: 1 and 2"]
     assert [(r["key"], r["seq"]) for r in report.repeats] == [("b", 2)]
+
+
+def test_records_torn_by_a_concurrent_or_killed_writer_are_read_as_far_as_complete(
+    tmp_path: Path,
+) -> None:
+    whole = [json.dumps({"key": "a", "seq": n, "outcome": "ok"}) for n in range(3)]
+    path = tmp_path / "r"
+    # a kill -9 mid-write left half of seq 1, the next record was appended to it, and a
+    # writer is still in the middle of its line at the end
+    path.write_text(f"{whole[0]}\n{whole[1][:9]}{whole[2]}\n{whole[1][:5]}")
+    assert [r["seq"] for r in read_appended(path)] == [0, 2]
+    assert read_appended(tmp_path / "absent") == []

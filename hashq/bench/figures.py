@@ -8,19 +8,18 @@ handler start.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hashq.jsonl import read_appended
+
 Line = dict[str, Any]
 
 
 def read_stats(path: Path) -> list[Line]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_appended(path)
 
 
 def consumed(lines: Iterable[Line]) -> int:

@@ -19,9 +19,13 @@ from aio_pika.abc import AbstractConnection
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
+from hashq.acks import Acker
 from hashq.lanes import InOrder, Lanes
+from hashq.message import Message
 
 log = logging.getLogger(__name__)
+
+ACK_FLUSH_WITHIN = 1.0  # seconds a closing lease waits to send the acknowledgements it owes
 
 
 class LeaseState(enum.Enum):
@@ -44,7 +48,11 @@ class Job:
     key: str
     attempt: int = 1
     first_failure: float | None = None
-    cancel: Callable[[], None] | None = field(default=None, repr=False)
+    # While its handler runs: the runner task and the message, so that a closing lease can
+    # cut the handler off.
+    handler_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    message: Message | None = field(default=None, repr=False)
+    was_cut_off: bool = False
 
     @property
     def tag(self) -> int:
@@ -53,6 +61,15 @@ class Job:
     @property
     def redelivered(self) -> bool:
         return bool(deliver_frame(self.delivery).redelivered)
+
+    def cut_off(self) -> None:
+        """Stop the running handler: its lease closed (fenced, or the drain timed out)."""
+        if self.handler_task is None:
+            return  # not running, or past its handler (settling)
+        self.was_cut_off = True
+        if self.message is not None:
+            self.message.cancel_event.set()
+        self.handler_task.cancel()
 
 
 def deliver_frame(delivery: DeliveredMessage) -> spec.Basic.Deliver:
@@ -65,7 +82,12 @@ class BucketLease:
     """The worker's hold on one bucket at one epoch."""
 
     def __init__(
-        self, bucket: int, epoch: int, queue: str, dispatch: Callable[[Job], None]
+        self,
+        bucket: int,
+        epoch: int,
+        queue: str,
+        dispatch: Callable[[Job], None],
+        ack_batch: int = 1,
     ) -> None:
         self.bucket = bucket
         self.epoch = epoch
@@ -75,6 +97,8 @@ class BucketLease:
         self._order: InOrder[DeliveredMessage] = InOrder()
         self._lanes: Lanes[Job] = Lanes()
         self._channel: aiormq.abc.AbstractChannel | None = None
+        self._ack_batch = ack_batch
+        self._acker: Acker | None = None
         self._consumer_tag: str | None = None
         self._held = 0  # delivered, not yet acknowledged or dead-lettered
         self._running: set[Job] = set()
@@ -91,6 +115,7 @@ class BucketLease:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=prefetch)
         self._channel = await channel.get_underlay_channel()
+        self._acker = Acker(self._channel, self._ack_batch, self.bucket)
         result = await self._channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
         self._consumer_tag = result.consumer_tag
 
@@ -145,15 +170,13 @@ class BucketLease:
             return False
         return True
 
-    async def ack(self, job: Job) -> bool:
-        """Acknowledge ``job``; False if the lease is closed or the channel is gone."""
-        if self.state is LeaseState.CLOSED or self._channel is None:
+    def ack(self, job: Job) -> bool:
+        """Count ``job`` as done; its acknowledgement goes out with the next batch (see
+        ``hashq.acks``). False if the lease is closed or the channel is gone: the message
+        went back to the queue."""
+        if self.state is LeaseState.CLOSED or self._acker is None or not self.channel_alive:
             return False
-        try:
-            await self._channel.basic_ack(job.tag)
-        except Exception as exc:
-            log.debug("bucket %d: ack of %d failed: %r", self.bucket, job.tag, exc)
-            return False
+        self._acker.complete(job.tag)
         return True
 
     # ------------------------------------------------------------ ending
@@ -189,11 +212,12 @@ class BucketLease:
         """Close the channel now: unacknowledged messages return to the queue, in order."""
         self.state = LeaseState.CLOSED
         for job in list(self._running):
-            if job.cancel is not None:
-                job.cancel()
+            job.cut_off()
         self._lanes.clear()
         self._held = 0
         self._idle.set()
+        if self._acker is not None:  # what was finished is acknowledged, not done again
+            await self._acker.flush(ACK_FLUSH_WITHIN)
         channel, self._channel = self._channel, None
         if channel is not None and not channel.is_closed:
             try:

@@ -58,7 +58,13 @@ def read_appended(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     complete, _, _ = path.read_text(errors="replace").rpartition("\n")
-    rows = (_parse_torn(line) for line in complete.split("\n") if line.strip())
+    return parse_complete_lines(complete)
+
+
+def parse_complete_lines(text: str) -> list[dict[str, Any]]:
+    """The records in ``text``, complete lines of a file appended to as ``read_appended``
+    describes."""
+    rows = (_parse_torn(line) for line in text.split("\n") if line.strip())
     return [row for row in rows if row is not None]
 
 

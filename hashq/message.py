@@ -26,11 +26,22 @@ class Message:
     redelivered: bool
     attempt: int
     data: Any = None
-    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel_event: threading.Event | None = field(default=None, init=False, repr=False)
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        """Set once the worker gave this message up; a thread handler may wait on it.
+
+        Made on first use, in the event loop's thread (the worker touches it before it starts
+        a thread handler): most messages never need one.
+        """
+        if self._cancel_event is None:
+            self._cancel_event = threading.Event()
+        return self._cancel_event
 
     @property
     def cancelled(self) -> bool:
         """True once the worker gave this message up (its bucket was cut off or the drain timed
         out): stop, and do not write anything on its behalf. Async handlers are also cancelled;
         plain functions running in a thread should check this."""
-        return self.cancel_event.is_set()
+        return self._cancel_event is not None and self._cancel_event.is_set()

@@ -99,6 +99,18 @@ async def ensure_ring(connection: AbstractConnection, topology: Topology) -> Non
         await ring.bind(topology.exchange)
 
 
+async def ring_exists(connection: AbstractConnection, topology: Topology) -> bool:
+    """Whether the ring exchange exists: one round trip instead of a rebuild's 2N + 2. A ring
+    left half-built (its builder died) has no entry binding yet, so it returns messages,
+    and a returned message makes the publisher rebuild it."""
+    async with _channel(connection) as channel:
+        try:
+            await channel.declare_exchange(topology.ring_exchange, passive=True)
+        except ChannelNotFoundEntity:
+            return False
+    return True
+
+
 async def _declare_durable(connection: AbstractConnection, topology: Topology) -> None:
     async with _refusals_as_mismatch(topology), _channel(connection) as channel:
         dlx = await channel.declare_exchange(

@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
-from aio_pika.exceptions import DeliveryError
-from aio_pika.exceptions import PublishError as ReturnedError
-from aiormq.exceptions import ChannelNotFoundEntity
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
+from aiormq.exceptions import PublishError as ReturnedError
+from pamqp import commands as spec
 
 from hashq.amqp import connect_amqp, connection_name
 from hashq.errors import (
-    BatchPublishError,
-    Failure,
     HashqError,
     InvalidMessage,
     MessageNacked,
@@ -36,7 +35,8 @@ from hashq.errors import (
     ServiceUnavailable,
     TopologyMismatch,
 )
-from hashq.provision import ensure_ring
+from hashq.inflight import InFlight, Prepared
+from hashq.provision import ensure_ring, ring_exists
 from hashq.settings import Settings
 from hashq.topology import Topology
 
@@ -79,8 +79,7 @@ class Publisher:
         self._ring_lock = asyncio.Lock()
         self._ring_checked_at = -1.0
         self._connection: AbstractConnection | None = None
-        self._channel: AbstractChannel | None = None
-        self._exchange: AbstractExchange | None = None
+        self._raw_channel: aiormq.Channel | None = None
         self.connection_name = connection_name("publisher")
 
     async def __aenter__(self) -> Publisher:
@@ -92,11 +91,11 @@ class Publisher:
 
     async def connect(self) -> None:
         """Open the connection and check the exchange exists (does nothing if already open)."""
-        await self._ensure_exchange()
+        await self._ensure_channel()
 
     async def close(self) -> None:
         connection, self._connection = self._connection, None
-        self._channel = self._exchange = None
+        self._raw_channel = None
         if connection is not None and not connection.is_closed:
             await connection.close()
 
@@ -109,7 +108,12 @@ class Publisher:
         message_id: str | None = None,
     ) -> str:
         """Publish one message; returns its message id once the broker confirmed it."""
-        return await self._publish(Outgoing(key, _as_bytes(body), headers or {}, message_id))
+        prepared = _prepare(Outgoing(key, _as_bytes(body), headers or {}, message_id))
+        async with self._window:
+            outcome = await self._send(prepared, self._settings.confirm_timeout)
+        if isinstance(outcome, PublishError):
+            raise outcome
+        return outcome
 
     async def publish_many(
         self,
@@ -123,123 +127,94 @@ class Publisher:
         the rest still go out and then ``BatchPublishError`` names exactly the failed ones.
         ``on_confirmed(n)`` is called with the running count of confirmed messages.
         """
-        results: dict[int, str] = {}
-        failures: list[Failure] = []
-        pending: set[asyncio.Task[tuple[int, str | PublishError]]] = set()
-        unexpected: list[BaseException] = []
-        slots = asyncio.Semaphore(self._max_in_flight)
-
-        def finished(task: asyncio.Task[tuple[int, str | PublishError]]) -> None:
-            pending.discard(task)
-            slots.release()
-            if task.cancelled():
-                return
-            if task.exception() is not None:
-                unexpected.append(task.exception())  # type: ignore[arg-type]
-                return
-            index, outcome = task.result()
-            if isinstance(outcome, PublishError):
-                failures.append(Failure(index, outcome))
-            else:
-                results[index] = outcome
-                if on_confirmed is not None:
-                    on_confirmed(len(results))
-
+        batch = InFlight(self._window, self._settings.confirm_timeout, on_confirmed)
         try:
             for index, message in enumerate(messages):
-                await slots.acquire()
-                task = asyncio.ensure_future(self._outcome(index, message))
-                pending.add(task)
-                task.add_done_callback(finished)
+                try:
+                    prepared = _prepare(message)
+                except InvalidMessage as exc:
+                    batch.refused(
+                        index, PublishError(str(exc), key=str(message.key), message_id="-")
+                    )
+                    continue
+                await self._window.acquire()
+                batch.track(index, prepared, asyncio.ensure_future(self._send(prepared, None)))
         except asyncio.CancelledError:
-            for task in pending:
-                task.cancel()
+            batch.cancel()
             raise
         finally:
             # Also when the input itself failed: what was sent gets its confirm before we return.
-            if pending:
-                await asyncio.wait(pending)
-        if unexpected:
-            raise unexpected[0]
-        if failures:
-            failures.sort(key=lambda failure: failure.index)
-            raise BatchPublishError(failures, [results[i] for i in sorted(results)])
-        return [results[i] for i in sorted(results)]
+            await batch.settled()
+        return batch.outcome()
 
-    async def _outcome(self, index: int, message: Outgoing) -> tuple[int, str | PublishError]:
-        try:
-            return index, await self._publish(message)
-        except PublishError as exc:
-            return index, exc
-        except InvalidMessage as exc:
-            return index, PublishError(str(exc), key=str(message.key), message_id="-")
-
-    async def _publish(self, message: Outgoing) -> str:
-        key = check_key(message.key)
-        message_id = message.message_id or uuid.uuid4().hex
-        amqp_message = aio_pika.Message(
-            body=message.body,
-            headers=dict(message.headers),
-            message_id=message_id,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
-        async with self._window:
+    async def _send(self, prepared: Prepared, confirm_within: float | None) -> str | PublishError:
+        """Send one message and wait for its confirm, at most ``confirm_within`` seconds (None: the
+        caller keeps the time); the outcome as a value, never raised, so that a batch of
+        thousands does not pay for thousands of exceptions."""
+        key, body, properties = prepared
+        message_id = str(properties.message_id)
+        channel = self._raw_channel
+        if channel is None or channel.is_closed:
             try:
-                exchange = await self._ensure_exchange()
+                channel = await self._ensure_channel()
             except ServiceUnavailable as exc:
-                raise PublishUnconfirmed(str(exc), key=key, message_id=message_id) from None
-            await self._send(exchange, amqp_message, key, message_id)
-        return message_id
-
-    async def _send(
-        self, exchange: AbstractExchange, message: aio_pika.Message, key: str, message_id: str
-    ) -> None:
+                return PublishUnconfirmed(str(exc), key=key, message_id=message_id)
         sent_at = time.monotonic()
         try:
-            await exchange.publish(
-                message, routing_key=key, mandatory=True, timeout=self._settings.confirm_timeout
+            await channel.basic_publish(
+                body,
+                exchange=self._topology.exchange,
+                routing_key=key,
+                properties=properties,
+                mandatory=True,
+                timeout=confirm_within,
+                wait=False,  # no wait for the socket write: the confirm is what counts
             )
-        except ReturnedError:
+        except Exception as exc:
+            return await self._failure(exc, key, message_id, sent_at)
+        return message_id
+
+    async def _failure(
+        self, exc: Exception, key: str, message_id: str, sent_at: float
+    ) -> PublishError:
+        if isinstance(exc, ReturnedError):
             await self._repair_ring(sent_at)
-            raise MessageUnroutable(
+            return MessageUnroutable(
                 f"exchange {self._topology.exchange} routed the message to no queue (the ring is "
                 "rebuilt after a broker restart; publishing again is safe)",
                 key=key,
                 message_id=message_id,
-            ) from None
-        except DeliveryError:
-            raise MessageNacked(
-                "the broker refused the message", key=key, message_id=message_id
-            ) from None
-        except TimeoutError:
-            raise PublishUnconfirmed(
-                f"no confirm within {self._settings.confirm_timeout:g}s",
-                key=key,
-                message_id=message_id,
-            ) from None
-        except Exception as exc:
-            # Whatever broke between send and confirm, the outcome is unknown to us.
-            self._forget_channel()
-            raise PublishUnconfirmed(
-                f"connection lost before the confirm ({type(exc).__name__})",
-                key=key,
-                message_id=message_id,
-            ) from None
+            )
+        if isinstance(exc, DeliveryError):
+            return MessageNacked("the broker refused the message", key=key, message_id=message_id)
+        if isinstance(exc, TimeoutError):
+            reason = f"no confirm within {self._settings.confirm_timeout:g}s"
+            return PublishUnconfirmed(reason, key=key, message_id=message_id)
+        # Whatever broke between send and confirm, the outcome is unknown to us.
+        self._raw_channel = None
+        reason = f"connection lost before the confirm ({type(exc).__name__})"
+        return PublishUnconfirmed(reason, key=key, message_id=message_id)
 
-    async def _ensure_exchange(self) -> AbstractExchange:
-        if self._exchange is not None and self._channel_open():
-            return self._exchange
+    async def _ensure_channel(self) -> aiormq.Channel:
+        """The open publishing channel, after opening a connection if there is none.
+
+        Messages go out on aio-pika's underlying aiormq channel: aio-pika's message and
+        exchange objects cost more per message than the rest of the publish path together.
+        """
         async with self._connect_lock:
-            if self._exchange is not None and self._channel_open():
-                return self._exchange
+            channel = self._raw_channel
+            if channel is not None and not channel.is_closed:
+                return channel
             await self.close()
             self._connection = await connect_amqp(self._settings, self.connection_name)
-            self._channel = await self._connection.channel(
-                publisher_confirms=True, on_return_raises=True
-            )
-            self._exchange = await self._passive_exchange(self._channel)
-            await self._repair_ring(time.monotonic())
-            return self._exchange
+            opened = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+            await self._passive_exchange(opened)
+            if not await ring_exists(self._connection, self._topology):
+                await self._repair_ring(time.monotonic())
+            underlay = await opened.get_underlay_channel()
+            assert isinstance(underlay, aiormq.Channel)  # for basic_publish(wait=False)
+            self._raw_channel = underlay
+            return underlay
 
     async def _repair_ring(self, since: float) -> None:
         """Rebuild the ring unless that was done after ``since``: after a broker restart the
@@ -257,26 +232,25 @@ class Publisher:
                 log.warning("could not rebuild the ring of %s: %r", self._topology.exchange, exc)
             self._ring_checked_at = time.monotonic()
 
-    async def _passive_exchange(self, channel: AbstractChannel) -> AbstractExchange:
+    async def _passive_exchange(self, channel: AbstractChannel) -> None:
         try:
-            return await channel.declare_exchange(self._topology.exchange, passive=True)
+            await channel.declare_exchange(self._topology.exchange, passive=True)
         except ChannelNotFoundEntity:
             await self.close()
             raise TopologyMismatch(
                 f"exchange {self._topology.exchange} does not exist: run 'hashq init' first"
             ) from None
 
-    def _channel_open(self) -> bool:
-        connection, channel = self._connection, self._channel
-        return (
-            connection is not None
-            and not connection.is_closed
-            and channel is not None
-            and not channel.is_closed
-        )
 
-    def _forget_channel(self) -> None:
-        self._exchange = None
+def _prepare(message: Outgoing) -> Prepared:
+    """What goes on the wire for ``message``, or ``InvalidMessage`` before anything is sent."""
+    key = check_key(message.key)
+    properties = spec.Basic.Properties(
+        delivery_mode=2,  # persistent
+        message_id=message.message_id or uuid.UUID(int=random.getrandbits(128), version=4).hex,
+        headers=dict(message.headers) if message.headers else None,
+    )
+    return key, _as_bytes(message.body), properties
 
 
 def _as_bytes(body: bytes | str) -> bytes:

@@ -80,6 +80,8 @@ class Runners:
 
     # ------------------------------------------------------------ one job
     async def _run(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
         while True:
             await self._may_start.wait()
             job = await self._ready.get()
@@ -88,9 +90,9 @@ class Runners:
             if not self._may_start.is_set():
                 self._ready.put_nowait(job)  # paused while we waited: leave it for later
                 continue
-            await self._execute(job)
+            await self._execute(job, me)
 
-    async def _execute(self, job: Job) -> None:
+    async def _execute(self, job: Job, me: asyncio.Task[None]) -> None:
         lease = job.lease
         if not lease.may_start(job):
             return  # its bucket was closed: the message went back to the queue
@@ -100,20 +102,20 @@ class Runners:
             await self._dead_letter(job, "undecodable", exc)
             return
         lease.started(job)
-        cut_off = self._arm_cancel(job, message)
+        job.handler_task, job.message = me, message  # a closing lease may cut it off now
         try:
             await self._call(message)
         except asyncio.CancelledError:
-            if not cut_off():
+            if not job.was_cut_off:
                 raise
             _uncancel()
             lease.dropped(job)
             return
         except Exception as exc:
-            job.cancel = None
+            job.handler_task = None
             await self._failed(job, exc)
             return
-        job.cancel = None
+        job.handler_task = None
         await self._settle(job)
 
     async def _call(self, message: Message) -> None:
@@ -122,6 +124,7 @@ class Runners:
             assert inspect.isawaitable(result)
             await result
             return
+        message.cancel_event  # noqa: B018 - made here, in the loop's thread, before the thread starts
         thread = self._pool.submit(self._handler, message)
         try:
             await asyncio.wrap_future(thread)
@@ -131,20 +134,6 @@ class Runners:
             if not thread.done():
                 await asyncio.shield(asyncio.wrap_future(thread))
             raise
-
-    def _arm_cancel(self, job: Job, message: Message) -> Callable[[], bool]:
-        """Let the lease cut this handler off; returns a probe: was it cut off?"""
-        task = asyncio.current_task()
-        state = {"cut": False}
-
-        def cancel() -> None:
-            state["cut"] = True
-            message.cancel_event.set()
-            if task is not None:
-                task.cancel()
-
-        job.cancel = cancel
-        return lambda: state["cut"]
 
     def _message(self, job: Job) -> Message:
         delivery = job.delivery
@@ -169,7 +158,7 @@ class Runners:
 
     # ------------------------------------------------------------ outcomes
     async def _settle(self, job: Job) -> None:
-        if await job.lease.ack(job):
+        if job.lease.ack(job):
             self.processed += 1
             job.lease.finished(job)
         else:

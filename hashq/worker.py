@@ -192,7 +192,9 @@ class Worker:
     async def _subscribe(self, bucket: int, epoch: int) -> None:
         assert self._connection is not None and self._runners is not None
         queue = self.topology.bucket_queue(bucket)
-        lease = BucketLease(bucket, epoch, queue, self._runners.dispatch)
+        # Half the prefetch window per ack batch: the broker always has the other half to send.
+        ack_batch = max(1, self.settings.prefetch // 2)
+        lease = BucketLease(bucket, epoch, queue, self._runners.dispatch, ack_batch)
         try:
             await lease.open(self._connection, self.settings.prefetch)
         except Exception as exc:

@@ -34,6 +34,7 @@ async def publish_raw(settings: Settings, messages: Iterable[tuple[str, bytes]])
     confirmed = 0
     try:
         channel = await connection.channel(publisher_confirms=True)
+        assert isinstance(channel, aiormq.Channel)  # for basic_publish(wait=False)
         properties = spec.Basic.Properties(delivery_mode=2)
         window: list[tuple[str, bytes]] = []
         for message in messages:
@@ -48,14 +49,16 @@ async def publish_raw(settings: Settings, messages: Iterable[tuple[str, bytes]])
 
 
 async def _publish_window(
-    channel: aiormq.abc.AbstractChannel,
+    channel: aiormq.Channel,
     exchange: str,
     properties: spec.Basic.Properties,
     window: list[tuple[str, bytes]],
 ) -> int:
     outcomes = await asyncio.gather(
         *(
-            channel.basic_publish(body, exchange=exchange, routing_key=key, properties=properties)
+            channel.basic_publish(
+                body, exchange=exchange, routing_key=key, properties=properties, wait=False
+            )
             for key, body in window
         )
     )

@@ -16,6 +16,7 @@ from hashq.bench.figures import Line, consumed, read_stats
 from hashq.bench.probe import stamp
 from hashq.bench.raw import publish_raw
 from hashq.fleet import Fleet, remove_app
+from hashq.jsonl import parse_complete_lines
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
@@ -40,6 +41,9 @@ class Rig:
         self.settings = settings
         self.folder = folder
         self.stats = folder / "stats.jsonl"
+        self.stats.unlink(missing_ok=True)  # a rerun into the same folder starts afresh
+        self._read_up_to = 0
+        self._consumed = 0
         self.fleet = Fleet(
             settings,
             folder,
@@ -82,10 +86,22 @@ class Rig:
 
     async def caught_up(self, total: int, within: float = 120) -> None:
         deadline = time.monotonic() + within
-        while consumed(self.lines()) < total:
+        while self._consumed_so_far() < total:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{consumed(self.lines()):,} of {total:,} consumed in {within}s")
             await asyncio.sleep(0.1)
+
+    def _consumed_so_far(self) -> int:
+        """Messages consumed, reading only what the consumers appended since the last call (the
+        benchmark's own CPU counts as the publisher's)."""
+        if not self.stats.exists():
+            return 0
+        with self.stats.open("rb") as records:
+            records.seek(self._read_up_to)
+            complete, _, _ = records.read().rpartition(b"\n")
+        self._read_up_to += len(complete) + 1 if complete else 0
+        self._consumed += consumed(parse_complete_lines(complete.decode(errors="replace")))
+        return self._consumed
 
     async def drained(self, within: float = 120) -> None:
         """Until the bucket queues are empty and the consumers' records are written. For runs
@@ -160,6 +176,23 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds used by process ``pid`` so far (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def listener_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` on this machine (Linux, needs the right to read
+    its descriptors), or None: the broker's, to count its CPU when it runs here."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in fd_dir.iterdir()):
+                return int(fd_dir.parent.name)
+    return None
 
 
 def resident_mb(pid: int) -> float:

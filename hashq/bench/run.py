@@ -150,6 +150,14 @@ def print_summary(results: dict[str, Any]) -> None:
         ("hashq publish, msg/s", results["hashq"]["published_per_s"]),
         ("raw consume alone, msg/s", results["raw"]["consumed_per_s"]),
         ("hashq consume alone, msg/s", results["hashq"]["consumed_per_s"]),
+    ]
+    rows += [
+        (f"{side} {role} CPU, ms per 1,000 msgs", results[side][f"{role}_cpu_ms_per_1k"])
+        for side in ("raw", "hashq")
+        for role in ("publisher", "consumer", "broker")
+        if f"{role}_cpu_ms_per_1k" in results[side]
+    ]
+    rows += [
         ("handover pause, max ms", results["handover"]["pause_ms_max"]),
         ("unmoved throughput ratio", results["handover"]["unmoved_throughput_ratio"]),
     ]

@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from hashq.bench import figures
-from hashq.bench.rig import Rig, cpu_seconds, machine_cpu, resident_mb
+from hashq.bench.rig import Rig, cpu_seconds, listener_pid, machine_cpu, resident_mb
 from hashq.settings import Settings
 from hashq.status import gather_status
 
@@ -32,7 +33,7 @@ class Plan:
 
     @classmethod
     def quick_plan(cls) -> Plan:
-        return cls(messages=8_000, steady_seconds=6.0, quick=True)
+        return cls(messages=20_000, steady_seconds=6.0, quick=True)
 
 
 def say(text: str) -> None:
@@ -49,12 +50,13 @@ async def throughput(
     """
     async with Rig(settings, folder, plan.session) as rig:
         if consumer == "raw":
-            rig.raw_consumer()
+            name = rig.raw_consumer()
             await rig.consuming(None)
         else:
             rig.coordinator()
-            rig.worker("worker-1", consumer, *flags)
+            name = rig.worker("worker-1", consumer, *flags)
             await rig.consuming(["worker-1"])
+        cpu = CpuMeter(rig.fleet.processes[name].pid, settings)
         started = time.time()
         publish = rig.publish_raw if consumer == "raw" else rig.publish
         publish_seconds = await publish(plan.messages, plan.keys)
@@ -64,6 +66,32 @@ async def throughput(
             "messages": plan.messages,
             "published_per_s": round(plan.messages / publish_seconds),
             "end_to_end_per_s": round(plan.messages / (figures.last_start(lines) - started)),
+            **cpu.ms_per_1k(plan.messages),
+        }
+
+
+class CpuMeter:
+    """CPU used from now on by the consumer process, by this process (the publisher), and by
+    the broker when it runs on this machine."""
+
+    def __init__(self, consumer_pid: int, settings: Settings) -> None:
+        self._pids = {"consumer": consumer_pid}
+        broker = listener_pid(urlsplit(settings.amqp_url).port or 5672)
+        if broker is not None:
+            self._pids["broker"] = broker
+        self._before = self._now()
+
+    def _now(self) -> dict[str, float]:
+        used = {role: cpu_seconds(pid) for role, pid in self._pids.items()}
+        return {**used, "publisher": time.process_time()}
+
+    def ms_per_1k(self, messages: int) -> dict[str, float]:
+        """CPU milliseconds per 1,000 messages, by role."""
+        now = self._now()
+        per = 1000 * 1000 / messages
+        return {
+            f"{role}_cpu_ms_per_1k": round((now[role] - was) * per)
+            for role, was in self._before.items()
         }
 
 

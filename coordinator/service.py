@@ -25,14 +25,18 @@ from coordinator.handover import Incarnation, View, assignments, committed_owner
 from coordinator.planner import plan
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Deposed, Member, Store
+from hashq.health import serve_health
 from hashq.management import Management
+from hashq.metrics import CoordinatorMetrics
 from hashq.protocol import Assignment, BucketRecord, Paths, Registration
 from hashq.provision import ensure_topology
+from hashq.topology import Topology
 from hashq.zk import close_zk, connect_zk
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.5
+DEPTH_SECONDS = 5.0  # how often the leader reads the queues' depth for the metrics
 
 
 class Role(enum.Enum):
@@ -66,9 +70,39 @@ class Coordinator:
         self._seen: dict[Incarnation, float] = {}  # registration times, for fencing
         self._fenced: set[Incarnation] = set()
         self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
+        self.metrics = CoordinatorMetrics()
+        self._measure()
+
+    def _measure(self) -> None:
+        """Gauges read when scraped."""
+        in_transit = ("revoking", "fencing")
+        self.metrics.leader.set_function(lambda: 1 if self.role is Role.LEADER else 0)
+        self.metrics.zk_connected.set_function(lambda: 1 if self.zk_connected else 0)
+        self.metrics.workers.set_function(lambda: len(self._members))
+        self.metrics.in_transit.set_function(
+            lambda: sum(1 for r in self._records.values() if r.state in in_transit)
+        )
+
+    @property
+    def zk_connected(self) -> bool:
+        return self._zk is not None and bool(self._zk.connected)
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: connected to ZooKeeper, leading or standing by."""
+        if self.role is Role.STOPPED or not self.zk_connected:
+            return False, f"coordinator {self.me}: not connected to ZooKeeper"
+        return True, f"coordinator {self.me}: {self.role.value}"
 
     # ------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
+        server = await serve_health(self.settings, self.metrics.registry, self.readiness)
+        try:
+            await self._run(stop)
+        finally:
+            if server is not None:
+                await server.close()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         topology = await ensure_topology(self.settings, check_bindings=False)
         zk = await asyncio.to_thread(connect_zk, self.settings)
         self._zk = zk
@@ -78,6 +112,7 @@ class Coordinator:
         ChildrenWatch(zk, self._paths.workers, self._on_children)
         ChildrenWatch(zk, self._paths.releases, self._on_children)
         campaign = asyncio.ensure_future(self._campaign())
+        depths = asyncio.ensure_future(self._watch_depths(topology))
         try:
             while not stop.is_set():
                 if self.role is Role.LEADER:
@@ -85,7 +120,8 @@ class Coordinator:
                 await self._wait(stop)
         finally:
             campaign.cancel()
-            await asyncio.gather(campaign, return_exceptions=True)
+            depths.cancel()
+            await asyncio.gather(campaign, depths, return_exceptions=True)
             await self._resign("stopping")
             self.role = Role.STOPPED
             await asyncio.to_thread(close_zk, zk)
@@ -109,6 +145,21 @@ class Coordinator:
         if self.role is Role.LEADER:
             log.warning("coordinator %s: ZooKeeper session lost; no longer leader", self.me)
             self._demote()
+
+    async def _watch_depths(self, topology: Topology) -> None:
+        """While leading, read each bucket queue's depth (the lag) for the metrics."""
+        while True:
+            await asyncio.sleep(DEPTH_SECONDS)
+            if self.role is not Role.LEADER:
+                continue
+            try:
+                depths = await asyncio.to_thread(self._management.queue_depths)
+            except Exception as exc:
+                log.debug("reading queue depths: %r", exc)
+                continue
+            for bucket, name in enumerate(topology.bucket_queues()):
+                self.metrics.queue_depth.labels(str(bucket)).set(depths.get(name, 0))
+            self.metrics.dead_letters.set(depths.get(topology.dead_letter_queue, 0))
 
     # ------------------------------------------------------------ election
     async def _campaign(self) -> None:
@@ -240,7 +291,10 @@ class Coordinator:
             consumed,
         )
         for bucket, record in sorted(changed.items()):
-            _log_transition(bucket, self._records.get(bucket, BucketRecord()), record)
+            before = self._records.get(bucket, BucketRecord())
+            _log_transition(bucket, before, record)
+            if record.epoch > before.epoch:
+                self.metrics.grants.inc()
         self._records = records
         self._written = {**{w: a for w, a in self._written.items() if w not in removed}, **updates}
 
@@ -281,6 +335,7 @@ class Coordinator:
                 life,
                 f"{closed} connection(s) closed" if closed else "no connection left",
             )
+            self.metrics.fences.inc()
             self._fenced.add(incarnation)
             self._fencing.pop(incarnation, None)
             self._wake.set()

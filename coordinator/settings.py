@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from hashq.settings import Settings, check_identifier
+from hashq.settings import ServiceSettings, check_identifier
 
 
-class CoordinatorSettings(Settings):
+class CoordinatorSettings(ServiceSettings):
     coordinator_id: str | None = Field(
         None, description="this coordinator's id in the election (default host-pid-random)"
     )

@@ -234,5 +234,13 @@ class BucketLease:
             log.debug("bucket %d: cancel: %r", self.bucket, exc)
 
     @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return self._lanes.waiting
+
+    @property
     def channel_alive(self) -> bool:
         return self._channel is not None and not self._channel.is_closed

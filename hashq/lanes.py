@@ -67,3 +67,8 @@ class Lanes(Generic[T]):
     @property
     def active_keys(self) -> int:
         return len(self._behind)
+
+    @property
+    def waiting(self) -> int:
+        """Items queued behind their key's active one."""
+        return sum(len(behind) for behind in self._behind.values())

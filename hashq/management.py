@@ -72,6 +72,13 @@ class Management:
         )
         return result or []
 
+    def queue_depths(self) -> dict[str, int]:
+        """Queue name -> messages (ready and unacknowledged) of every queue in the vhost."""
+        listed: list[dict[str, Any]] = self.request(
+            "GET", self._vhost_path("queues") + "?columns=name,messages"
+        )
+        return {str(q["name"]): int(q.get("messages") or 0) for q in listed}
+
     def connections(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.request("GET", "/api/connections")
         return result

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -247,7 +246,7 @@ def _prepare(message: Outgoing) -> Prepared:
     key = check_key(message.key)
     properties = spec.Basic.Properties(
         delivery_mode=2,  # persistent
-        message_id=message.message_id or uuid.UUID(int=random.getrandbits(128), version=4).hex,
+        message_id=message.message_id or f"{random.getrandbits(128):032x}",  # 128 random bits
         headers=dict(message.headers) if message.headers else None,
     )
     return key, _as_bytes(message.body), properties

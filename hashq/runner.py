@@ -20,6 +20,7 @@ from typing import Any
 from hashq.bucket import Job
 from hashq.deadletter import DeadLetters
 from hashq.message import Message
+from hashq.metrics import WorkerMetrics
 from hashq.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class Runners:
         policy: RetryPolicy,
         dead_letters: DeadLetters,
         codec: str,
+        metrics: WorkerMetrics,
         awake: Callable[[], bool] = lambda: True,
     ) -> None:
         self._handler = handler
@@ -54,6 +56,7 @@ class Runners:
         self._dead_letters = dead_letters
         self._codec = codec
         self._awake = awake
+        self._metrics = metrics
         self._ready: asyncio.Queue[Job] = asyncio.Queue()
         self._may_start = asyncio.Event()
         self._may_start.set()
@@ -103,6 +106,7 @@ class Runners:
             return
         lease.started(job)
         job.handler_task, job.message = me, message  # a closing lease may cut it off now
+        began = time.perf_counter()
         try:
             await self._call(message)
         except asyncio.CancelledError:
@@ -113,9 +117,11 @@ class Runners:
             return
         except Exception as exc:
             job.handler_task = None
+            self._metrics.handler_seconds.observe(time.perf_counter() - began)
             await self._failed(job, exc)
             return
         job.handler_task = None
+        self._metrics.handler_seconds.observe(time.perf_counter() - began)
         await self._settle(job)
 
     async def _call(self, message: Message) -> None:
@@ -160,11 +166,13 @@ class Runners:
     async def _settle(self, job: Job) -> None:
         if job.lease.ack(job):
             self.processed += 1
+            self._metrics.processed(job.lease.bucket)
             job.lease.finished(job)
         else:
             job.lease.dropped(job)
 
     async def _failed(self, job: Job, error: Exception) -> None:
+        self._metrics.failed(job.lease.bucket)
         job.first_failure = job.first_failure or time.time()
         delay = self._policy.next_delay(job.attempt)
         log.warning(
@@ -179,6 +187,7 @@ class Runners:
             await self._dead_letter(job, "handler-failed", error)
             return
         job.attempt += 1
+        self._metrics.retried(job.lease.bucket)
         self._retry_later(job, delay)
 
     def _retry_later(self, job: Job, delay: float) -> None:
@@ -195,6 +204,7 @@ class Runners:
             log.warning("bucket %d: dead-lettering failed (%r); retrying", job.lease.bucket, exc)
             self._retry_later(job, self._policy.base_delay)
             return
+        self._metrics.dead_lettered(job.lease.bucket, reason)
         log.error(
             "bucket %d epoch %d: message %s dead-lettered (%s)",
             job.lease.bucket,

@@ -119,7 +119,16 @@ class Settings(BaseSettings):
         return unquote(path[1:]) if len(path) > 1 else "/"
 
 
-class WorkerSettings(Settings):
+class ServiceSettings(Settings):
+    """What a long-running process (worker or coordinator) adds: its HTTP endpoints."""
+
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve /metrics, /livez and /readyz here (default off)"
+    )
+    metrics_host: str = Field("0.0.0.0", description="the address the metrics port listens on")
+
+
+class WorkerSettings(ServiceSettings):
     """A worker's settings: the shared ones plus how it processes messages."""
 
     worker_id: str | None = Field(

@@ -24,7 +24,9 @@ from hashq.amqp import connect_amqp
 from hashq.bucket import BucketLease
 from hashq.deadletter import DeadLetters
 from hashq.errors import HashqError
+from hashq.health import serve_health
 from hashq.membership import Membership, Session
+from hashq.metrics import WorkerMetrics
 from hashq.protocol import worker_connection_name
 from hashq.provision import ensure_topology
 from hashq.retry import OnFailure, RetryPolicy
@@ -79,9 +81,41 @@ class Worker:
         self._confirming: asyncio.Future[None] | None = None
         self._last_tick = time.monotonic()
         self._pause_limit = max(0.5, settings.zk_session_timeout / 4)
+        self.metrics = WorkerMetrics()
+        self._measure()
+
+    def _measure(self) -> None:
+        """Gauges read when scraped, so the hot path does not keep them."""
+        self.metrics.grants.set_function(lambda: len(self._leases))
+        self.metrics.in_flight.set_function(lambda: sum(le.running for le in self._all_leases()))
+        self.metrics.waiting.set_function(lambda: sum(le.waiting for le in self._all_leases()))
+        self.metrics.zk_connected.set_function(
+            lambda: 1 if self._membership.session is Session.CONNECTED else 0
+        )
+        self.metrics.set_state(self.state.value, [state.value for state in WorkerState])
+
+    def _all_leases(self) -> list[BucketLease]:
+        return [*self._leases.values(), *self._revoking.values()]
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: registered, and consuming every bucket granted to it (perhaps none)."""
+        if self.state not in (WorkerState.RUNNING, WorkerState.WAITING):
+            return False, f"worker {self.worker_id} is {self.state.value}"
+        missing = sorted(set(self._membership.grants()) - set(self._leases))
+        if missing:
+            return False, f"worker {self.worker_id}: granted buckets {missing} not consumed yet"
+        return True, f"worker {self.worker_id} consumes {len(self._leases)} buckets"
 
     # ------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
+        server = await serve_health(self.settings, self.metrics.registry, self.readiness)
+        try:
+            await self._run(stop)
+        finally:
+            if server is not None:
+                await server.close()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         await ensure_topology(self.settings, check_bindings=False)
         self._runners = Runners(
             self._handler,
@@ -90,6 +124,7 @@ class Worker:
             policy=self._policy(),
             dead_letters=self._dead_letters,
             codec=self.settings.codec,
+            metrics=self.metrics,
             awake=self._awake,
         )
         self._membership.on_unsafe = self._runners.pause
@@ -207,9 +242,12 @@ class Worker:
     async def _revoke(self, lease: BucketLease, give_up_after: float | None = None) -> None:
         """Drain, close, then release: nothing of the bucket is acknowledged after the release."""
         log.info("bucket %d epoch %d: revoked; draining", lease.bucket, lease.epoch)
+        began = time.monotonic()
         try:
             await lease.drain(self.settings.drain_timeout)
             await self._membership.write_release(lease.bucket, lease.epoch, give_up_after)
+            self.metrics.handovers.inc()
+            self.metrics.drain_seconds.observe(time.monotonic() - began)
         finally:
             self._revoking.pop(lease.bucket, None)
             self._wake.set()
@@ -319,6 +357,7 @@ class Worker:
             grants or "none",
         )
         self.state = state
+        self.metrics.set_state(state.value, [every.value for every in WorkerState])
         self._reminded = 0.0
 
     def _remind_if_idle(self) -> None:

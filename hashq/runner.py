@@ -166,13 +166,13 @@ class Runners:
     async def _settle(self, job: Job) -> None:
         if job.lease.ack(job):
             self.processed += 1
-            self._metrics.processed(job.lease.bucket)
+            self._metrics.processed[job.lease.bucket] += 1
             job.lease.finished(job)
         else:
             job.lease.dropped(job)
 
     async def _failed(self, job: Job, error: Exception) -> None:
-        self._metrics.failed(job.lease.bucket)
+        self._metrics.failed[job.lease.bucket] += 1
         job.first_failure = job.first_failure or time.time()
         delay = self._policy.next_delay(job.attempt)
         log.warning(
@@ -187,7 +187,7 @@ class Runners:
             await self._dead_letter(job, "handler-failed", error)
             return
         job.attempt += 1
-        self._metrics.retried(job.lease.bucket)
+        self._metrics.retried[job.lease.bucket] += 1
         self._retry_later(job, delay)
 
     def _retry_later(self, job: Job, delay: float) -> None:
@@ -204,7 +204,7 @@ class Runners:
             log.warning("bucket %d: dead-lettering failed (%r); retrying", job.lease.bucket, exc)
             self._retry_later(job, self._policy.base_delay)
             return
-        self._metrics.dead_lettered(job.lease.bucket, reason)
+        self._metrics.dead_lettered[job.lease.bucket, reason] += 1
         log.error(
             "bucket %d epoch %d: message %s dead-lettered (%s)",
             job.lease.bucket,

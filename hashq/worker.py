@@ -86,13 +86,25 @@ class Worker:
 
     def _measure(self) -> None:
         """Gauges read when scraped, so the hot path does not keep them."""
-        self.metrics.grants.set_function(lambda: len(self._leases))
-        self.metrics.in_flight.set_function(lambda: sum(le.running for le in self._all_leases()))
-        self.metrics.waiting.set_function(lambda: sum(le.waiting for le in self._all_leases()))
-        self.metrics.zk_connected.set_function(
-            lambda: 1 if self._membership.session is Session.CONNECTED else 0
+        gauge = self.metrics.gauge
+        gauge("hashq_grants_held", "Buckets this worker consumes", lambda: len(self._leases))
+        gauge(
+            "hashq_messages_in_flight",
+            "Handlers running now",
+            lambda: sum(lease.running for lease in self._all_leases()),
         )
-        self.metrics.set_state(self.state.value, [state.value for state in WorkerState])
+        gauge(
+            "hashq_messages_waiting_for_key",
+            "Messages held back until the one before them of the same key finished",
+            lambda: sum(lease.waiting for lease in self._all_leases()),
+        )
+        gauge(
+            "hashq_zookeeper_connected",
+            "1 while the ZooKeeper session is connected",
+            lambda: 1 if self._membership.session is Session.CONNECTED else 0,
+        )
+        self.metrics.states = [state.value for state in WorkerState]
+        self.metrics.state = self.state.value
 
     def _all_leases(self) -> list[BucketLease]:
         return [*self._leases.values(), *self._revoking.values()]
@@ -246,7 +258,7 @@ class Worker:
         try:
             await lease.drain(self.settings.drain_timeout)
             await self._membership.write_release(lease.bucket, lease.epoch, give_up_after)
-            self.metrics.handovers.inc()
+            self.metrics.handovers += 1
             self.metrics.drain_seconds.observe(time.monotonic() - began)
         finally:
             self._revoking.pop(lease.bucket, None)
@@ -357,7 +369,7 @@ class Worker:
             grants or "none",
         )
         self.state = state
-        self.metrics.set_state(state.value, [every.value for every in WorkerState])
+        self.metrics.state = state.value
         self._reminded = 0.0
 
     def _remind_if_idle(self) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from hashq.cli import run_command, settings_flags, setup_logging
+from hashq.logs import add_context
 from hashq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,9 @@ async def serve(settings: Settings, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, stop.set)
-    await Coordinator(settings).run(stop)
+    coordinator = Coordinator(settings)
+    add_context(coordinator=coordinator.me)
+    await coordinator.run(stop)
     return 0
 
 
@@ -37,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parents=[settings_flags(CoordinatorSettings)],
     )
     args = parser.parse_args(argv)
-    setup_logging(getattr(args, "log_level", "INFO"))
+    setup_logging(args)
     return run_command(serve, args, parser.prog, CoordinatorSettings)
 
 

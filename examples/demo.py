@@ -170,7 +170,7 @@ def main() -> int:
     if "HASHQ_BUCKETS" not in os.environ:
         parser.set_defaults(setting_buckets="16")
     args = parser.parse_args()
-    setup_logging(getattr(args, "log_level", "WARNING"))
+    setup_logging(args, default_level="WARNING")
     with contextlib.suppress(KeyboardInterrupt):
         return run_command(demo, args, parser.prog)
     return 130

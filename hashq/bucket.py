@@ -204,6 +204,7 @@ class BucketLease:
                 self.epoch,
                 self._held,
                 within,
+                extra=self.log_fields,
             )
         await self.close()
         return clean
@@ -232,6 +233,11 @@ class BucketLease:
             await self._channel.basic_cancel(self._consumer_tag)
         except Exception as exc:
             log.debug("bucket %d: cancel: %r", self.bucket, exc)
+
+    @property
+    def log_fields(self) -> dict[str, int]:
+        """For ``extra=``: the JSON log format shows them as fields."""
+        return {"bucket": self.bucket, "epoch": self.epoch}
 
     @property
     def running(self) -> int:

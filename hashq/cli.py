@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from hashq import logs
 from hashq.errors import ConfigError, HashqError
 from hashq.settings import Settings, load_settings
 
@@ -22,6 +23,8 @@ Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def settings_flags(kind: type[Settings] = Settings) -> argparse.ArgumentParser:
@@ -37,8 +40,9 @@ def settings_flags(kind: type[Settings] = Settings) -> argparse.ArgumentParser:
             metavar=name.upper(),
             help=info.description,
         )
+    group.add_argument("--log-level", choices=LOG_LEVELS, help="default INFO; also HASHQ_LOG_LEVEL")
     group.add_argument(
-        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO"
+        "--log-format", choices=LOG_FORMATS, help="text (default) or json; also HASHQ_LOG_FORMAT"
     )
     return parent
 
@@ -52,14 +56,21 @@ def settings_from_args(args: argparse.Namespace, kind: type[Settings] = Settings
     return load_settings(kind, **given)
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    logging.getLogger("hashq.kazoo").setLevel(max(logging.WARNING, logging.getLevelName(level)))
-    logging.getLogger("aio_pika").setLevel(logging.WARNING)
-    # aiormq logs each failed connect at ERROR; hashq reports it once, in one line.
-    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+def setup_logging(args: argparse.Namespace, default_level: str = "INFO") -> None:
+    """Logging for a command: ``--log-level`` and ``--log-format``, else ``HASHQ_LOG_LEVEL``
+    and ``HASHQ_LOG_FORMAT``, else ``default_level`` and text."""
+    level = getattr(args, "log_level", None) or os.environ.get("HASHQ_LOG_LEVEL", default_level)
+    chosen = getattr(args, "log_format", None) or os.environ.get("HASHQ_LOG_FORMAT", "text")
+    if level not in LOG_LEVELS:
+        _refuse(f"setting log_level: {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    if chosen not in LOG_FORMATS:
+        _refuse(f"setting log_format: {chosen!r} is not one of {', '.join(LOG_FORMATS)}")
+    logs.setup_logging(level, chosen)
+
+
+def _refuse(line: str) -> None:
+    print(line, file=sys.stderr)
+    sys.exit(EXIT_CONFIG)
 
 
 def run_loop(main: Coroutine[Any, Any, int], choice: str) -> int:
@@ -146,7 +157,7 @@ async def _bench(settings: Settings, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(getattr(args, "log_level", "INFO"))
+    setup_logging(args)
     return run_command(args.func, args, parser.prog)
 
 

@@ -5,8 +5,8 @@ counts. Per-bucket series are labelled ``bucket``; there is no worker label, sin
 adds the scrape target's own labels.
 
 The worker's hot path pays a dictionary increment per message, not prometheus-client's locked
-counters (measured at about 10 us a message with a histogram): counts are plain numbers,
-turned into metric families only when scraped. Both happen on the event loop's thread (the
+counters (a count and a duration: 0.35 us against 1.4 us, timed alone): counts are plain
+numbers, turned into metric families only when scraped. Both happen on the event loop's thread (the
 endpoints are served by the loop), so nothing is shared between threads. Gauges are read from
 the process's state at scrape time.
 """
@@ -49,7 +49,7 @@ class Durations:
 class WorkerMetrics(Collector):
     """The worker's counts; the runners and the worker report into it."""
 
-    def __init__(self) -> None:
+    def __init__(self, states: list[str]) -> None:
         self.processed: defaultdict[int, int] = defaultdict(int)  # bucket -> messages
         self.failed: defaultdict[int, int] = defaultdict(int)
         self.retried: defaultdict[int, int] = defaultdict(int)
@@ -57,15 +57,32 @@ class WorkerMetrics(Collector):
         self.handler_seconds = Durations(HANDLER_SECONDS)
         self.drain_seconds = Durations(DRAIN_SECONDS)
         self.handovers = 0
-        self.state = ""
-        self.states: list[str] = []
+        self.state = states[0]
+        self.states = states
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
-    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        """A gauge whose value ``read()`` gives at scrape time."""
-        self.gauges[name] = (documentation, read)
+    def watch(
+        self,
+        grants: Callable[[], int],
+        running: Callable[[], int],
+        waiting: Callable[[], int],
+        zk_connected: Callable[[], bool],
+    ) -> None:
+        """The gauges, as functions of the worker's state called at scrape time."""
+        self.gauges = {
+            "hashq_grants_held": ("Buckets this worker consumes", grants),
+            "hashq_messages_in_flight": ("Handlers running now", running),
+            "hashq_messages_waiting_for_key": (
+                "Messages held back until the one before them of the same key finished",
+                waiting,
+            ),
+            "hashq_zookeeper_connected": (
+                "1 while the ZooKeeper session is connected",
+                lambda: 1 if zk_connected() else 0,
+            ),
+        }
 
     def collect(self) -> Iterator[Metric]:
         for name, documentation, counts in (

@@ -19,6 +19,7 @@ from typing import Any
 
 from hashq.bucket import Job
 from hashq.deadletter import DeadLetters
+from hashq.logs import key_for_log
 from hashq.message import Message
 from hashq.metrics import WorkerMetrics
 from hashq.retry import RetryPolicy
@@ -46,6 +47,7 @@ class Runners:
         codec: str,
         metrics: WorkerMetrics,
         awake: Callable[[], bool] = lambda: True,
+        keys_in_clear: bool = False,
     ) -> None:
         self._handler = handler
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
@@ -57,6 +59,8 @@ class Runners:
         self._codec = codec
         self._awake = awake
         self._metrics = metrics
+        self._keys_in_clear = keys_in_clear
+        self._debug = log.isEnabledFor(logging.DEBUG)  # once: the check costs on the hot path
         self._ready: asyncio.Queue[Job] = asyncio.Queue()
         self._may_start = asyncio.Event()
         self._may_start.set()
@@ -167,6 +171,15 @@ class Runners:
         if job.lease.ack(job):
             self.processed += 1
             self._metrics.processed[job.lease.bucket] += 1
+            if self._debug:
+                log.debug(
+                    "bucket %d epoch %d: message %s of key %s done",
+                    job.lease.bucket,
+                    job.lease.epoch,
+                    job.delivery.header.properties.message_id,
+                    key_for_log(job.key, self._keys_in_clear),
+                    extra=job.lease.log_fields,
+                )
             job.lease.finished(job)
         else:
             job.lease.dropped(job)
@@ -182,6 +195,7 @@ class Runners:
             job.attempt,
             type(error).__name__,
             error,
+            extra=job.lease.log_fields,
         )
         if delay is None:
             await self._dead_letter(job, "handler-failed", error)
@@ -211,6 +225,7 @@ class Runners:
             job.lease.epoch,
             job.delivery.header.properties.message_id,
             reason,
+            extra=job.lease.log_fields,
         )
         await self._settle(job)
 

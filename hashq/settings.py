@@ -148,6 +148,9 @@ class WorkerSettings(ServiceSettings):
         "dead-letter", description="after the last attempt: dead-letter, or retry forever"
     )
     codec: Literal["raw", "json"] = Field("raw", description="decode bodies into msg.data")
+    log_keys: Literal["hashed", "clear"] = Field(
+        "hashed", description="how the per-message DEBUG lines show keys"
+    )
 
     @field_validator("worker_id")
     @classmethod

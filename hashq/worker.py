@@ -81,30 +81,13 @@ class Worker:
         self._confirming: asyncio.Future[None] | None = None
         self._last_tick = time.monotonic()
         self._pause_limit = max(0.5, settings.zk_session_timeout / 4)
-        self.metrics = WorkerMetrics()
-        self._measure()
-
-    def _measure(self) -> None:
-        """Gauges read when scraped, so the hot path does not keep them."""
-        gauge = self.metrics.gauge
-        gauge("hashq_grants_held", "Buckets this worker consumes", lambda: len(self._leases))
-        gauge(
-            "hashq_messages_in_flight",
-            "Handlers running now",
-            lambda: sum(lease.running for lease in self._all_leases()),
+        self.metrics = WorkerMetrics([state.value for state in WorkerState])
+        self.metrics.watch(  # read when scraped, so the hot path does not keep them
+            grants=lambda: len(self._leases),
+            running=lambda: sum(lease.running for lease in self._all_leases()),
+            waiting=lambda: sum(lease.waiting for lease in self._all_leases()),
+            zk_connected=lambda: self._membership.session is Session.CONNECTED,
         )
-        gauge(
-            "hashq_messages_waiting_for_key",
-            "Messages held back until the one before them of the same key finished",
-            lambda: sum(lease.waiting for lease in self._all_leases()),
-        )
-        gauge(
-            "hashq_zookeeper_connected",
-            "1 while the ZooKeeper session is connected",
-            lambda: 1 if self._membership.session is Session.CONNECTED else 0,
-        )
-        self.metrics.states = [state.value for state in WorkerState]
-        self.metrics.state = self.state.value
 
     def _all_leases(self) -> list[BucketLease]:
         return [*self._leases.values(), *self._revoking.values()]
@@ -138,6 +121,7 @@ class Worker:
             codec=self.settings.codec,
             metrics=self.metrics,
             awake=self._awake,
+            keys_in_clear=self.settings.log_keys == "clear",
         )
         self._membership.on_unsafe = self._runners.pause
         watchdog = asyncio.ensure_future(self._watch_for_pauses())
@@ -249,11 +233,16 @@ class Worker:
             await lease.close()
             return
         self._leases[bucket] = lease
-        log.info("bucket %d epoch %d: consuming (worker %s)", bucket, epoch, self.worker_id)
+        log.info("bucket %d epoch %d: consuming", bucket, epoch, extra=lease.log_fields)
 
     async def _revoke(self, lease: BucketLease, give_up_after: float | None = None) -> None:
         """Drain, close, then release: nothing of the bucket is acknowledged after the release."""
-        log.info("bucket %d epoch %d: revoked; draining", lease.bucket, lease.epoch)
+        log.info(
+            "bucket %d epoch %d: revoked; draining",
+            lease.bucket,
+            lease.epoch,
+            extra=lease.log_fields,
+        )
         began = time.monotonic()
         try:
             await lease.drain(self.settings.drain_timeout)

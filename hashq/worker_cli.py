@@ -19,6 +19,7 @@ from typing import Any
 
 from hashq.cli import EXIT_INTERRUPTED, run_command, settings_flags, setup_logging
 from hashq.errors import ConfigError
+from hashq.logs import add_context
 from hashq.runner import Handler
 from hashq.settings import Settings, WorkerSettings
 from hashq.worker import Worker
@@ -61,7 +62,9 @@ async def serve(settings: Settings, args: argparse.Namespace) -> int:
 
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, on_signal, number)
-    await Worker(settings, handler).run(stop)
+    worker = Worker(settings, handler)
+    add_context(worker=worker.worker_id)
+    await worker.run(stop)
     return 0
 
 
@@ -73,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("handler", help="the handler, as package.module:function")
     args = parser.parse_args(argv)
-    setup_logging(getattr(args, "log_level", "INFO"))
+    setup_logging(args)
     return run_command(serve, args, parser.prog, WorkerSettings)
 
 

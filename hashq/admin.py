@@ -7,10 +7,11 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO
 
-from hashq.errors import BatchPublishError, InvalidMessage
+from hashq import dlq
+from hashq.errors import BatchPublishError, ConfigError, InvalidMessage
 from hashq.jsonl import Progress, read_messages
 from hashq.provision import ensure_topology
 from hashq.publisher import Publisher
@@ -75,4 +76,50 @@ async def status(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(state.to_json(), indent=2))
     else:
         print(render_table(state))
+    return 0
+
+
+async def dead_letters(settings: Settings, args: argparse.Namespace) -> int:
+    """``hashq dead-letters list|replay|purge``."""
+    await ensure_topology(settings, check_bindings=False)
+    if args.action == "purge":
+        return await _purge(settings, args.yes)
+    chosen = _selection(args) if args.action == "replay" else None
+    if args.action == "replay" and chosen is None:
+        raise ConfigError("replay needs --id, --key, --reason or --all to say which")
+
+    def decide(letter: dlq.DeadLetter) -> dlq.Decision:
+        if chosen is not None and chosen(letter):
+            return dlq.Decision.REPLAY
+        return dlq.Decision.KEEP
+
+    result = await dlq.walk(settings, decide)
+    if args.action == "list":
+        shown = result.seen[: args.limit] if args.limit else result.seen
+        print(dlq.as_json(shown) if args.json else dlq.render(shown))
+        return 0
+    print(
+        f"replayed {result.replayed:,} of {len(result.seen):,} dead letters to "
+        f"hashq.{settings.app}; the others stay, in their order"
+    )
+    return 0
+
+
+def _selection(args: argparse.Namespace) -> Callable[[dlq.DeadLetter], bool] | None:
+    ids, keys, reasons = set(args.id or []), set(args.key or []), set(args.reason or [])
+    if args.all:
+        return lambda letter: True
+    if not (ids or keys or reasons):
+        return None
+    return lambda letter: letter.message_id in ids or letter.key in keys or letter.reason in reasons
+
+
+async def _purge(settings: Settings, confirmed: bool) -> int:
+    queue = f"hashq.{settings.app}.dead"
+    if not confirmed:
+        print(f"delete every message in {queue}? type 'yes': ", end="", file=sys.stderr, flush=True)
+        if sys.stdin.readline().strip() != "yes":
+            print("nothing deleted", file=sys.stderr)
+            return 1
+    print(f"deleted {await dlq.purge(settings):,} dead letters from {queue}")
     return 0

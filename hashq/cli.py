@@ -139,6 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     status.set_defaults(func=admin.status)
 
+    dead = command("dead-letters", "list, replay or purge the dead-letter queue")
+    actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="show the dead letters and why", parents=[common])
+    listing.add_argument("--json", action="store_true", help="a JSON list, for scripts")
+    listing.add_argument("--limit", type=int, default=0, help="show only the first N")
+    replay = actions.add_parser(
+        "replay", help="publish chosen ones to the back of their key's stream", parents=[common]
+    )
+    replay.add_argument("--id", action="append", help="a message id (repeatable)")
+    replay.add_argument("--key", action="append", help="every dead letter of a key (repeatable)")
+    replay.add_argument("--reason", action="append", help="e.g. handler-failed (repeatable)")
+    replay.add_argument("--all", action="store_true", help="every dead letter")
+    purge = actions.add_parser("purge", help="delete every dead letter", parents=[common])
+    purge.add_argument("--yes", action="store_true", help="do not ask")
+    dead.set_defaults(func=admin.dead_letters)
+
     bench = command("bench", "measure hashq against the raw broker on this machine")
     bench.add_argument("--quick", action="store_true", help="a reduced run, under a minute")
     bench.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -28,7 +28,7 @@ from coordinator.store import Deposed, Member, Store
 from hashq.health import serve_health
 from hashq.management import Management
 from hashq.metrics import CoordinatorMetrics
-from hashq.protocol import Assignment, BucketRecord, Paths, Registration
+from hashq.protocol import PROTOCOL_VERSION, Assignment, BucketRecord, Paths, Registration
 from hashq.provision import ensure_topology
 from hashq.topology import Topology
 from hashq.zk import close_zk, connect_zk
@@ -70,6 +70,7 @@ class Coordinator:
         self._seen: dict[Incarnation, float] = {}  # registration times, for fencing
         self._fenced: set[Incarnation] = set()
         self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
+        self._refused: set[Incarnation] = set()  # registrations of a newer protocol
         self.metrics = CoordinatorMetrics()
         self._measure()
 
@@ -230,6 +231,7 @@ class Coordinator:
         except Exception as exc:
             log.warning("coordinator %s: reading state failed: %r", self.me, exc)
             return
+        members = self._understood(members)
         live = {worker: member.registration for worker, member in members.items()}
         self._note_membership(members)
         settled = time.monotonic() - self._changed_at >= self.settings.settle
@@ -297,6 +299,25 @@ class Coordinator:
                 self.metrics.grants.inc()
         self._records = records
         self._written = {**{w: a for w, a in self._written.items() if w not in removed}, **updates}
+
+    def _understood(self, members: dict[str, Member]) -> dict[str, Member]:
+        """The workers whose protocol this coordinator speaks; a newer one gets nothing, since
+        it may read grants differently. Said once per incarnation, at ERROR."""
+        known = {}
+        for worker, member in members.items():
+            registration = member.registration
+            if registration.version <= PROTOCOL_VERSION:
+                known[worker] = member
+            elif (worker, registration.incarnation) not in self._refused:
+                self._refused.add((worker, registration.incarnation))
+                log.error(
+                    "worker %s speaks protocol version %d; this coordinator speaks %d: it gets "
+                    "no buckets (upgrade the coordinators first)",
+                    worker,
+                    registration.version,
+                    PROTOCOL_VERSION,
+                )
+        return known
 
     def _note_membership(self, members: dict[str, Member]) -> None:
         current = {(w, m.registration.incarnation) for w, m in members.items()}

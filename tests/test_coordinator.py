@@ -17,7 +17,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from coordinator.store import Deposed, Store
-from hashq.protocol import Assignment, BucketRecord, Paths
+from hashq.protocol import PROTOCOL_VERSION, Assignment, BucketRecord, Paths, Registration
 from hashq.publisher import Outgoing
 from hashq.settings import Settings
 from tests.grants import Grants
@@ -404,3 +404,16 @@ async def test_processing_goes_on_after_a_zookeeper_restart(
     expected = dict.fromkeys(expected_first, 10)
     report = await asyncio.to_thread(wait_for_executions, record, expected, 90)
     assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+
+
+async def test_a_worker_of_a_newer_protocol_gets_no_bucket(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], zk_view: Grants
+) -> None:
+    future = Registration("w9", "i9", capacity=1, version=PROTOCOL_VERSION + 1)
+    zk_view.zk.create(zk_view.paths.worker("w9"), future.encode(), ephemeral=True, makepath=True)
+    coordinator = cluster("c1")
+    cluster("w1")
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1"}))
+    await asyncio.sleep(2)  # several more leader steps
+    assert {r.owner for r in owners(zk_view, initialized.buckets).values()} == {"w1"}
+    assert f"worker w9 speaks protocol version {PROTOCOL_VERSION + 1}" in coordinator.output()

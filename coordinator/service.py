@@ -25,7 +25,7 @@ from coordinator.handover import Incarnation, View, assignments, committed_owner
 from coordinator.planner import plan
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Deposed, Member, Store
-from hashq.health import serve_health
+from hashq.health import health_endpoints
 from hashq.management import Management
 from hashq.metrics import CoordinatorMetrics
 from hashq.protocol import PROTOCOL_VERSION, Assignment, BucketRecord, Paths, Registration
@@ -96,12 +96,8 @@ class Coordinator:
 
     # ------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
-        server = await serve_health(self.settings, self.metrics.registry, self.readiness)
-        try:
+        async with health_endpoints(self.settings, self.metrics.registry, self.readiness):
             await self._run(stop)
-        finally:
-            if server is not None:
-                await server.close()
 
     async def _run(self, stop: asyncio.Event) -> None:
         topology = await ensure_topology(self.settings, check_bindings=False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -101,12 +101,17 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-async def serve_health(
+@contextlib.asynccontextmanager
+async def health_endpoints(
     settings: ServiceSettings, registry: CollectorRegistry, ready: Readiness
-) -> HealthServer | None:
-    """The endpoints, started, if ``settings.metrics_port`` asks for them."""
-    if settings.metrics_port is None:
-        return None
-    server = HealthServer(registry, ready, settings.metrics_host, settings.metrics_port)
-    await server.start()
-    return server
+) -> AsyncIterator[HealthServer | None]:
+    """The endpoints, served while the block runs, if ``settings.metrics_port`` asks for them."""
+    server = None
+    if settings.metrics_port is not None:
+        server = HealthServer(registry, ready, settings.metrics_host, settings.metrics_port)
+        await server.start()
+    try:
+        yield server
+    finally:
+        if server is not None:
+            await server.close()

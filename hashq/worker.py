@@ -24,7 +24,7 @@ from hashq.amqp import connect_amqp
 from hashq.bucket import BucketLease
 from hashq.deadletter import DeadLetters
 from hashq.errors import HashqError
-from hashq.health import serve_health
+from hashq.health import health_endpoints
 from hashq.membership import Membership, Session
 from hashq.metrics import WorkerMetrics
 from hashq.protocol import worker_connection_name
@@ -103,12 +103,8 @@ class Worker:
 
     # ------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
-        server = await serve_health(self.settings, self.metrics.registry, self.readiness)
-        try:
+        async with health_endpoints(self.settings, self.metrics.registry, self.readiness):
             await self._run(stop)
-        finally:
-            if server is not None:
-                await server.close()
 
     async def _run(self, stop: asyncio.Event) -> None:
         await ensure_topology(self.settings, check_bindings=False)

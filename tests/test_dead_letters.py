@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.topology import Topology
 from tests.helpers import child_environment, drain, queue_depths
-from tests.workers import WorkerProcess, start_coordinator
+from tests.workers import WorkerProcess, start_coordinator, stop_cleanly
 
 POISONED = ["bad-1", "bad-2", "bad-3"]
 
@@ -63,11 +62,8 @@ async def dead_lettered(initialized: Settings, tmp_path: Path) -> Settings:
             if (await queue_depths(initialized))[dead] == len(POISONED):
                 break
             await asyncio.sleep(0.25)
-        worker.signal(signal.SIGTERM)
-        assert worker.wait(30) == 0
     finally:
-        worker.stop()
-        coordinator.stop()
+        stop_cleanly(worker, coordinator)
     return initialized
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from hashq.logs import key_for_log
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from tests.helpers import child_environment
-from tests.workers import WorkerProcess, start_coordinator
+from tests.workers import WorkerProcess, start_coordinator, stop_cleanly
 
 
 def json_lines(process: WorkerProcess) -> list[dict[str, object]]:
@@ -54,11 +53,8 @@ async def test_json_lines_carry_the_process_and_the_bucket(
             ):
                 break
             await asyncio.sleep(0.25)
-        worker.signal(signal.SIGTERM)
-        assert worker.wait(30) == 0
     finally:
-        worker.stop()
-        coordinator.stop()
+        stop_cleanly(worker, coordinator)
     lines = json_lines(worker)
     assert all(line["worker"] == "w1" and line["level"] for line in lines)
     assert {(line["bucket"], line["epoch"]) for line in consuming} == {

@@ -23,6 +23,7 @@ __all__ = [
     "check",
     "read_records",
     "start_coordinator",
+    "stop_cleanly",
     "wait_for_executions",
 ]
 
@@ -73,6 +74,16 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+def stop_cleanly(worker: WorkerProcess, *others: WorkerProcess) -> None:
+    """SIGTERM ``worker``, which must drain and exit 0; then stop it and ``others`` for good."""
+    try:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.output()[-2000:]
+    finally:
+        for process in (worker, *others):
+            process.stop()
 
 
 def start_coordinator(

@@ -104,7 +104,6 @@ class Coordinator:
         zk = await asyncio.to_thread(connect_zk, self.settings)
         self._zk = zk
         self._store = Store(zk, self._paths, topology.buckets)
-        await asyncio.to_thread(self._store.ensure_paths)
         zk.add_listener(self._on_session)
         ChildrenWatch(zk, self._paths.workers, self._on_children)
         ChildrenWatch(zk, self._paths.releases, self._on_children)

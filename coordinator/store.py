@@ -42,16 +42,6 @@ class Store:
         self.buckets = buckets
         self._alive = f"{paths.root}/leader-session-none"
 
-    def ensure_paths(self) -> None:
-        for path in (
-            self.paths.workers,
-            self.paths.assignments,
-            self.paths.buckets,
-            self.paths.releases,
-            self.paths.election,
-        ):
-            self.zk.ensure_path(path)
-
     # ------------------------------------------------------------ reading
     def workers(self) -> dict[str, Member]:
         found = {}

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import IO
 
+from kazoo.security import make_digest_acl_credential
+
 from hashq import dlq
 from hashq.errors import BatchPublishError, ConfigError, InvalidMessage
 from hashq.jsonl import Progress, read_messages
@@ -122,4 +124,13 @@ async def _purge(settings: Settings, confirmed: bool) -> int:
             print("nothing deleted", file=sys.stderr)
             return 1
     print(f"deleted {await dlq.purge(settings):,} dead letters from {queue}")
+    return 0
+
+
+async def zk_digest(settings: Settings, args: argparse.Namespace) -> int:
+    """Print ``user:digest`` for ``HASHQ_ZK_ACL_COORDINATORS`` or ``HASHQ_ZK_ACL_WORKERS``."""
+    user, colon, password = str(args.credentials).partition(":")
+    if not (user and colon):
+        raise ConfigError("zk-digest needs user:password")
+    print(make_digest_acl_credential(user, password))
     return 0

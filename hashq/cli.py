@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     status.set_defaults(func=admin.status)
 
+    digest = command("zk-digest", "the digest id of user:password, for the ZooKeeper ACL settings")
+    digest.add_argument("credentials", help="user:password")
+    digest.set_defaults(func=admin.zk_digest)
+
     dead = command("dead-letters", "list, replay or purge the dead-letter queue")
     actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="show the dead letters and why", parents=[common])

@@ -61,7 +61,7 @@ class Membership:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        zk = await asyncio.to_thread(connect_zk, self._settings)
+        zk = await asyncio.to_thread(connect_zk, self._settings, "worker")
         zk.add_listener(self._on_state)
         DataWatch(zk, self._paths.assignment(self.worker_id), self._on_assignment)
         self._zk = zk

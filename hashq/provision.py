@@ -24,9 +24,10 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from hashq.amqp import connect_amqp, connection_name
 from hashq.errors import ServiceUnavailable, TopologyMismatch
 from hashq.management import Management
+from hashq.protocol import Paths
 from hashq.settings import Settings
 from hashq.topology import BUCKET_WEIGHT, Topology
-from hashq.zk import close_zk, connect_zk
+from hashq.zk import acl, close_zk, connect_zk
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ async def ensure_topology(settings: Settings, *, check_bindings: bool = True) ->
         if recorded is None:
             await asyncio.to_thread(write_record, zk, topology)
             log.info("created topology of app %r with %d buckets", topology.app, topology.buckets)
+        await asyncio.to_thread(ensure_folders, zk, settings)
     finally:
         await asyncio.to_thread(close_zk, zk)
     return topology
@@ -70,6 +72,18 @@ def read_record(zk: KazooClient, topology: Topology) -> Topology | None:
     except NoNodeError:
         return None
     return Topology.from_record(data)
+
+
+def ensure_folders(zk: KazooClient, settings: Settings) -> None:
+    """The app's folders in ZooKeeper, with their ACLs (see ``hashq.zk``): made once, by
+    ``hashq init``, since with ACLs only coordinators' credentials may make them."""
+    paths = Paths(settings.app)
+    for path in (paths.assignments, paths.buckets, paths.election):
+        if not zk.exists(path):
+            zk.ensure_path(path, acl=acl(settings, "coordinators"))
+    for path in (paths.workers, paths.releases):
+        if not zk.exists(path):
+            zk.ensure_path(path, acl=acl(settings, "shared"))
 
 
 def write_record(zk: KazooClient, topology: Topology) -> None:

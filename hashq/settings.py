@@ -12,13 +12,13 @@ import re
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hashq.errors import SettingsError
 
 MAX_BUCKETS = 4096
-SECRET_FIELDS = frozenset({"amqp_url", "management_url"})
+SECRET_FIELDS = frozenset({"amqp_url", "management_url", "zk_auth"})
 _APP_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _ZK_HOST_PATTERN = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
@@ -50,6 +50,15 @@ class Settings(BaseSettings):
         30.0, gt=0, le=3600, description="seconds to wait for a publisher confirm"
     )
     zk_session_timeout: float = Field(10.0, ge=1, le=60, description="ZooKeeper session seconds")
+    zk_auth: str | None = Field(
+        None, description="this process's ZooKeeper digest credentials, user:password"
+    )
+    zk_acl_coordinators: str | None = Field(
+        None, description="coordinators' ZooKeeper digest id, user:digest (hashq zk-digest)"
+    )
+    zk_acl_workers: str | None = Field(
+        None, description="workers' ZooKeeper digest id, user:digest (hashq zk-digest)"
+    )
     event_loop: Literal["asyncio", "uvloop"] = Field(
         "asyncio", description="asyncio's own loop, or uvloop (pip install 'hashq[uvloop]')"
     )
@@ -82,6 +91,19 @@ class Settings(BaseSettings):
         if chroot and not re.match(r"^[A-Za-z0-9_.\-/]+$", chroot):
             raise ValueError("the chroot may hold only letters, digits, '_', '.', '-', '/'")
         return value
+
+    @field_validator("zk_auth", "zk_acl_coordinators", "zk_acl_workers")
+    @classmethod
+    def _check_user_colon(cls, value: str | None) -> str | None:
+        if value is not None and (":" not in value or value.startswith(":")):
+            raise ValueError("must be user:secret")  # never echo a credential
+        return value
+
+    @model_validator(mode="after")
+    def _check_acl_pair(self) -> Settings:
+        if (self.zk_acl_coordinators is None) != (self.zk_acl_workers is None):
+            raise ValueError("zk_acl_coordinators and zk_acl_workers go together")
+        return self
 
     @field_validator("app")
     @classmethod

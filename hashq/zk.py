@@ -1,15 +1,29 @@
-"""ZooKeeper at the edge: opening a kazoo client with a clear error when it cannot be reached.
+"""ZooKeeper at the edge: opening a kazoo client with a clear error when it cannot be reached,
+and the ACLs of hashq's nodes.
 
 kazoo is blocking and calls back on its own threads; callers run its calls with
 ``asyncio.to_thread`` and cross back into asyncio with ``loop.call_soon_threadsafe``.
+
+With ``zk_acl_coordinators`` and ``zk_acl_workers`` set (digest ids; each process logs in with
+its own ``zk_auth``), nodes are created with these ACLs:
+- everything coordinators write (the topology record, bucket records, assignments, the leader
+  and the election): coordinators all rights, workers read only. So a worker's credentials
+  cannot grant it a bucket.
+- ``workers/`` and ``releases/``: workers may also create and delete children there;
+- what a worker creates there (its registration, its releases): workers and coordinators all.
+ZooKeeper cannot tell workers apart by node name, so one worker's credentials could delete
+another's registration (the coordinator then fences it): a denial of service, never two owners.
+Without those settings nodes are open, as ZooKeeper creates them by default.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import ACL, Permissions, make_acl
 
 from hashq.errors import ServiceUnavailable
 from hashq.settings import Settings
@@ -17,10 +31,30 @@ from hashq.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def connect_zk(settings: Settings) -> KazooClient:
-    """A started kazoo client for ``settings.zk_hosts`` (blocking; run it in a thread)."""
+Role = Literal["coordinator", "worker"]
+
+
+def acl(settings: Settings, kind: Literal["coordinators", "shared", "workers"]) -> list[ACL] | None:
+    """The ACL of a node: written by ``coordinators`` only, ``shared`` (a folder workers add
+    to), or made by ``workers``. None (ZooKeeper's open default) without ACL settings."""
+    if settings.zk_acl_coordinators is None or settings.zk_acl_workers is None:
+        return None
+    coordinators = make_acl("digest", settings.zk_acl_coordinators, all=True)
+    workers = {
+        "coordinators": Permissions.READ,
+        "shared": Permissions.READ | Permissions.CREATE | Permissions.DELETE,
+        "workers": Permissions.ALL,
+    }[kind]
+    return [coordinators, ACL(workers, make_acl("digest", settings.zk_acl_workers).id)]
+
+
+def connect_zk(settings: Settings, role: Role = "coordinator") -> KazooClient:
+    """A started kazoo client for ``settings.zk_hosts`` (blocking; run it in a thread). Nodes it
+    creates get the ACL of what ``role`` writes unless a call says otherwise."""
     client = KazooClient(
         hosts=settings.zk_hosts,
+        auth_data=[("digest", settings.zk_auth)] if settings.zk_auth else None,
+        default_acl=acl(settings, "coordinators" if role == "coordinator" else "workers"),
         timeout=settings.zk_session_timeout,
         # Never give up reconnecting: with a bounded retry policy kazoo closes the client for
         # good when ZooKeeper is down a little longer (seen in a chaos run: a 1 s restart of

@@ -293,7 +293,6 @@ async def test_leader_killed_mid_handover_a_standby_finishes_it(
 def test_a_coordinator_whose_session_expired_cannot_write(initialized: Settings) -> None:
     first = open_zk(initialized.zk_hosts)
     store = Store(first, Paths(initialized.app), initialized.buckets)
-    store.ensure_paths()
     _, version = store.claim("old")
     record = {0: BucketRecord("unassigned", None, None, 7)}
     store.commit(version, record, [], {}, [], [], [])  # while it leads, it may write

@@ -91,12 +91,15 @@ class Acker:
 
     async def flush(self, within: float) -> None:
         """Send every acknowledgement still owed, waiting at most ``within`` seconds (a dead
-        connection may never take them; those messages are then redelivered). Then stop."""
+        connection may never take them; those messages are then redelivered). Then stop.
+        Safe to call twice: a lease may be closed by a drain and a cut-off at once."""
+        if self._task.done():
+            return
         self._closing = True
         self._due.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), within)
-        except TimeoutError:
+        # asyncio.wait, not wait_for: it neither cancels the sender nor raises its outcome.
+        _, late = await asyncio.wait({self._task}, timeout=within)
+        if late:
             log.debug("bucket %d: acknowledgements not sent within %gs", self._bucket, within)
         self.stop()
 

@@ -73,7 +73,6 @@ class Publisher:
         self._settings = settings
         self._topology = Topology.from_settings(settings)
         self._window = asyncio.Semaphore(max_in_flight)
-        self._max_in_flight = max_in_flight
         self._connect_lock = asyncio.Lock()
         self._ring_lock = asyncio.Lock()
         self._ring_checked_at = -1.0

@@ -1,4 +1,4 @@
-"""``hashq``: the admin command (init, publish, status).
+"""``hashq``: the admin command (init, publish, status, dead-letters, zk-digest, bench).
 
 Settings come from ``HASHQ_`` variables and from flags of the same names; flags win. Exit
 status: 0 done, 1 a service or a message failed, 2 bad settings, input or topology (nothing
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = settings_flags()
     parser = argparse.ArgumentParser(
         prog="hashq",
-        description="Administer a hashq app: topology, publishing, status.",
+        description="Administer a hashq app: topology, publishing, status, dead letters.",
         parents=[common],
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

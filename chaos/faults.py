@@ -15,7 +15,9 @@ from typing import Any
 
 from chaos.designs import Design
 from hashq.fleet import Fleet
+from hashq.protocol import Leadership, Paths
 from hashq.settings import Settings
+from hashq.zk import close_zk, connect_zk
 
 SERVICES = Path(__file__).resolve().parent.parent / "scripts" / "services.sh"
 SESSION_SECONDS = 4.0
@@ -126,9 +128,6 @@ def services(command: str, service: str) -> bool:
 
 
 def read_leader(settings: Settings) -> str | None:
-    from hashq.protocol import Leadership, Paths
-    from hashq.zk import close_zk, connect_zk
-
     try:
         zk = connect_zk(settings)
     except Exception:

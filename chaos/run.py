@@ -28,6 +28,7 @@ from chaos.designs import DESIGNS, Design, take_all
 from chaos.faults import SESSION_SECONDS, Chaos, say
 from chaos.recovery import recoveries
 from hashq.fleet import Fleet
+from hashq.jsonl import count_lines
 from hashq.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,18 +150,12 @@ async def drain_until_done(chaos: Chaos, files: Files, within: float) -> None:
 
 
 def progress(fleet: Fleet, files: Files, started: float) -> None:
-    sent = sum(_lines(path) for path in files.confirmed)
+    sent = sum(count_lines(path) for path in files.confirmed)
+    executed = count_lines(files.record)
     say(
-        f"{time.monotonic() - started:5.0f}s  confirmed {sent:,}  executed {_lines(files.record):,}"
+        f"{time.monotonic() - started:5.0f}s  confirmed {sent:,}  executed {executed:,}"
         f"  workers {len(fleet.alive('worker'))}  coordinators {len(fleet.alive('coordinator'))}"
     )
-
-
-def _lines(path: Path) -> int:
-    if not path.exists():
-        return 0
-    with path.open("rb") as lines:
-        return sum(1 for _ in lines)
 
 
 ROWS = [

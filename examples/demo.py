@@ -24,6 +24,7 @@ from pathlib import Path
 from examples.checker import check
 from hashq.cli import run_command, settings_flags, setup_logging
 from hashq.fleet import Fleet, remove_app
+from hashq.jsonl import count_lines
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
@@ -71,7 +72,7 @@ async def show_status(settings: Settings, record: Path, published: dict[str, int
     )
     leader = status.ownership.leader.leader if status.ownership.leader else "none"
     moving = f"moving {status.in_transit}" if status.in_transit else "no handover"
-    processed = await asyncio.to_thread(_count_lines, record)
+    processed = await asyncio.to_thread(count_lines, record)
     say(
         f"leader {leader} | workers {workers or '-'} | {moving} | queued {status.total_messages:,}"
         f" | published {sum(published.values()):,} | processed {processed:,}"
@@ -129,13 +130,6 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
         else:
             await remove_app(settings)
     return report(record, published)
-
-
-def _count_lines(path: Path) -> int:
-    if not path.exists():
-        return 0
-    with path.open() as lines:
-        return sum(1 for _ in lines)
 
 
 def _behind(record: Path, published: dict[str, int]) -> bool:

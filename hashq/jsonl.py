@@ -61,6 +61,15 @@ def read_appended(path: Path) -> list[dict[str, Any]]:
     return parse_complete_lines(complete)
 
 
+def count_lines(path: Path) -> int:
+    """How many lines ``path`` holds (0 if it does not exist): a cheap progress count of an
+    appended file, without parsing it."""
+    if not path.exists():
+        return 0
+    with path.open("rb") as lines:
+        return sum(1 for _ in lines)
+
+
 def parse_complete_lines(text: str) -> list[dict[str, Any]]:
     """The records in ``text``, complete lines of a file appended to as ``read_appended``
     describes."""

@@ -79,11 +79,9 @@ def ensure_folders(zk: KazooClient, settings: Settings) -> None:
     ``hashq init``, since with ACLs only coordinators' credentials may make them."""
     paths = Paths(settings.app)
     for path in (paths.assignments, paths.buckets, paths.election):
-        if not zk.exists(path):
-            zk.ensure_path(path, acl=acl(settings, "coordinators"))
+        zk.ensure_path(path, acl=acl(settings, "coordinators"))
     for path in (paths.workers, paths.releases):
-        if not zk.exists(path):
-            zk.ensure_path(path, acl=acl(settings, "shared"))
+        zk.ensure_path(path, acl=acl(settings, "shared"))
 
 
 def write_record(zk: KazooClient, topology: Topology) -> None:

@@ -1,6 +1,6 @@
 """Handlers the worker tests run in real worker processes. Each execution is appended, one JSON
-line, to the file named by HASHQ_TEST_RECORD, with os.write on an O_APPEND descriptor, so lines
-from several processes never interleave and survive a kill -9."""
+line, to the file named by HASHQ_TEST_RECORD (``examples.record.append_record``: one os.write on
+an O_APPEND descriptor, so lines from several processes never interleave and survive a kill -9)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,13 @@ import os
 import random
 import time
 
+from examples.record import append_record
 from hashq.message import Message
-
-_fd: int | None = None
-
-
-def _append(record: dict[str, object]) -> None:
-    global _fd
-    if _fd is None:
-        _fd = os.open(os.environ["HASHQ_TEST_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    os.write(_fd, (json.dumps(record) + "\n").encode())
 
 
 def _record(msg: Message, start: float, outcome: str) -> None:
-    _append(
+    append_record(
+        "HASHQ_TEST_RECORD",
         {
             "key": msg.key,
             "seq": json.loads(msg.body)["seq"],
@@ -36,7 +29,7 @@ def _record(msg: Message, start: float, outcome: str) -> None:
             "start": start,
             "end": time.time(),
             "outcome": outcome,
-        }
+        },
     )
 
 

@@ -54,7 +54,7 @@ def zk_root(design: str, app: str) -> str:
 
 async def declare(settings: Settings, design: str) -> None:
     """The design's exchange and durable quorum queues (as durable as hashq's buckets)."""
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await aio_pika.connect(settings.amqp_urls[0])
     async with connection:
         channel = await connection.channel()
         kind = "fanout" if design == "lock" else "x-consistent-hash"
@@ -107,7 +107,8 @@ class Consumer:
 
     async def open(self) -> None:
         self.connection = await aio_pika.connect_robust(
-            self.settings.amqp_url, client_properties={"connection_name": f"naive-{self.worker}"}
+            self.settings.amqp_urls[0],
+            client_properties={"connection_name": f"naive-{self.worker}"},
         )
         self.channel = await self.connection.channel()
         await self.channel.set_qos(prefetch_count=PREFETCH)

@@ -1,7 +1,8 @@
 """A chaos publisher process. Each key's messages are numbered 0, 1, 2, ...; a key's next
 message is published only after the previous one was confirmed, so per-key publish order is
 well defined even when a publish fails and is retried. Every confirmed message is appended to
-the ``--confirmed`` file as ``{"key", "seq", "id"}`` (one line each, flushed per batch).
+the ``--confirmed`` file as ``{"key", "seq", "id", "at"}`` (one line each, flushed per batch;
+``at`` is the wall-clock time the batch's confirms were in).
 
 ``--client hashq`` uses hashq's Publisher (to the app's exchange; ``--exchange`` must name it);
 ``--client plain`` uses aio-pika directly, as any AMQP client would (mandatory, confirms), to
@@ -30,6 +31,11 @@ from hashq.settings import Settings, load_settings
 Send = Callable[[list[Outgoing]], Awaitable[set[int]]]  # returns indexes confirmed
 
 
+def _say(line: str) -> None:
+    """One line per failed batch: the run's log shows when and why publishing stalled."""
+    print(f"{time.strftime('%H:%M:%S')} chaos-publish: {line}", file=sys.stderr, flush=True)
+
+
 async def hashq_sender(
     settings: Settings, exchange_name: str
 ) -> tuple[Send, Callable[[], Awaitable[None]]]:
@@ -39,9 +45,11 @@ async def hashq_sender(
         try:
             await publisher.publish_many(batch)
         except BatchPublishError as exc:
+            _say(f"{len(exc.failures)} of {len(batch)} not confirmed: {exc.failures[0].error}")
             failed = {failure.index for failure in exc.failures}
             return set(range(len(batch))) - failed
-        except HashqError:
+        except HashqError as exc:
+            _say(f"batch of {len(batch)} not sent: {exc}")
             return set()
         return set(range(len(batch)))
 
@@ -57,7 +65,7 @@ async def plain_sender(
     async def exchange() -> aio_pika.abc.AbstractExchange:
         connection = state.get("connection")
         if connection is None or connection.is_closed:  # type: ignore[attr-defined]
-            connection = await aio_pika.connect(settings.amqp_url)
+            connection = await aio_pika.connect(settings.amqp_urls[0])
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             state["connection"] = connection
             state["exchange"] = await channel.get_exchange(exchange_name)
@@ -119,12 +127,18 @@ async def run(args: argparse.Namespace) -> None:
             for key in chosen
         ]
         confirmed = await send(batch)
+        confirmed_at = round(time.time(), 3)
         lines = []
         for index in sorted(confirmed):
             message = batch[index]
             lines.append(
                 json.dumps(
-                    {"key": message.key, "seq": next_seq[message.key], "id": message.message_id}
+                    {
+                        "key": message.key,
+                        "seq": next_seq[message.key],
+                        "id": message.message_id,
+                        "at": confirmed_at,
+                    }
                 )
             )
             next_seq[message.key] += 1

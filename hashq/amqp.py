@@ -4,12 +4,17 @@ clear, secret-free error when the broker cannot be reached.
 Connections are deliberately not robust: a connection that reconnects and re-subscribes on its
 own is how a fenced worker turns into a zombie. Whoever owns a connection decides when to open
 a new one.
+
+With a cluster's nodes listed, a connection goes to the first of them that answers, starting
+from a random one so that a fleet's connections spread over the nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import random
 import socket
 import uuid
 
@@ -18,7 +23,10 @@ from aio_pika.abc import AbstractConnection
 from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
 
 from hashq.errors import ServiceUnavailable
-from hashq.settings import Settings
+from hashq.settings import Settings, redact_url
+from hashq.tls import tls_context
+
+log = logging.getLogger(__name__)
 
 
 def connection_name(role: str) -> str:
@@ -27,11 +35,29 @@ def connection_name(role: str) -> str:
 
 
 async def connect_amqp(settings: Settings, name: str) -> AbstractConnection:
-    """An open connection to ``settings.amqp_url`` named ``name``."""
-    where = settings.amqp_url_redacted
+    """An open connection named ``name`` to one of ``settings.amqp_urls``."""
+    urls = settings.amqp_urls
+    start = random.randrange(len(urls))
+    failures: list[str] = []
+    for url in urls[start:] + urls[:start]:
+        try:
+            return await _connect(url, settings, name)
+        except ServiceUnavailable as exc:
+            failures.append(str(exc))
+    if len(failures) == 1:
+        raise ServiceUnavailable(failures[0])
+    raise ServiceUnavailable(f"no RabbitMQ node answered: {'; '.join(failures)}")
+
+
+async def _connect(url: str, settings: Settings, name: str) -> AbstractConnection:
+    where = redact_url(url)
     try:
         return await asyncio.wait_for(
-            aio_pika.connect(settings.amqp_url, client_properties={"connection_name": name}),
+            aio_pika.connect(
+                url,
+                client_properties={"connection_name": name},
+                ssl_context=tls_context(settings) if url.startswith("amqps:") else None,
+            ),
             timeout=settings.connect_timeout,
         )
     except ProbableAuthenticationError:
@@ -44,6 +70,15 @@ async def connect_amqp(settings: Settings, name: str) -> AbstractConnection:
         raise ServiceUnavailable(
             f"RabbitMQ at {where} cannot be reached: {_first_line(exc)}"
         ) from None
+
+
+async def close_quietly(connection: AbstractConnection, within: float = 5.0) -> None:
+    """Close ``connection``, bounded in time and silent: one whose peer is gone may neither
+    answer the close nor fail it."""
+    try:
+        await asyncio.wait_for(connection.close(), timeout=within)
+    except Exception as exc:
+        log.debug("closing connection: %r", exc)
 
 
 def _first_line(exc: BaseException) -> str:

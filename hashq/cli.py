@@ -17,6 +17,7 @@ from typing import Any
 from hashq import logs
 from hashq.errors import ConfigError, HashqError
 from hashq.settings import Settings, load_settings
+from hashq.tls import tls_context
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -53,7 +54,9 @@ def settings_from_args(args: argparse.Namespace, kind: type[Settings] = Settings
         for name, value in vars(args).items()
         if name.startswith("setting_") and value is not None
     }
-    return load_settings(kind, **given)
+    settings = load_settings(kind, **given)
+    tls_context(settings)  # unusable TLS files are refused here once, not at every reconnect
+    return settings
 
 
 def setup_logging(args: argparse.Namespace, default_level: str = "INFO") -> None:

@@ -104,17 +104,33 @@ class InFlight:
     def expire(self, now: float) -> None:
         """Cancel the sending of every message unconfirmed for ``confirm_timeout`` by ``now``."""
         while self._sent:
-            sent_at, index, (key, _, properties), sending = self._sent[0]
+            sent_at, index, prepared, sending = self._sent[0]
             if not sending.done() and now - sent_at < self._timeout:
                 return
             self._sent.popleft()
-            if not sending.done():
-                self._expired[index] = PublishUnconfirmed(
-                    f"no confirm within {self._timeout:g}s",
-                    key=key,
-                    message_id=str(properties.message_id),
-                )
-                sending.cancel()
+            self._give_up(index, prepared, sending, f"no confirm within {self._timeout:g}s")
+
+    def abandon(self, reason: str) -> None:
+        """The channel is gone: every message not confirmed yet is reported unconfirmed now,
+        not at its deadline. A send can be stuck behind a frame write that will never happen."""
+        while self._sent:
+            _, index, prepared, sending = self._sent.popleft()
+            self._give_up(index, prepared, sending, reason)
+
+    def _give_up(
+        self,
+        index: int,
+        prepared: Prepared,
+        sending: asyncio.Future[str | PublishError],
+        reason: str,
+    ) -> None:
+        if sending.done():
+            return
+        key, _, properties = prepared
+        self._expired[index] = PublishUnconfirmed(
+            reason, key=key, message_id=str(properties.message_id)
+        )
+        sending.cancel()
 
     def _stop_sweeping(self) -> None:
         if self._sweeper is not None:

@@ -15,13 +15,23 @@ from urllib.parse import quote
 
 from hashq.errors import ServiceUnavailable
 from hashq.settings import Settings, redact_url
+from hashq.tls import tls_context
+
+
+class _Unreachable(Exception):
+    """A node's management API did not answer, or answered that it cannot serve now."""
 
 
 class Management:
-    """Calls to ``settings.management_url`` with the settings' credentials."""
+    """Calls to ``settings.management_urls`` with the settings' credentials.
+
+    With several URLs (one per cluster node) a call that cannot reach a node goes on to the
+    next, and the one that answered is asked first next time.
+    """
 
     def __init__(self, settings: Settings, timeout: float | None = None) -> None:
-        self._base = settings.management_url.rstrip("/")
+        self._bases = list(settings.management_urls)
+        self._context = tls_context(settings)
         user, password = settings.management_credentials
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         self._auth = f"Basic {token}"
@@ -40,26 +50,37 @@ class Management:
         """The decoded JSON answer to ``method path`` (``None`` when empty, or when the thing is
         not found and ``missing_ok``)."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self._base + path, data=data, method=method)
-        req.add_header("Authorization", self._auth)
-        req.add_header("Content-Type", "application/json")
-        for name, value in (headers or {}).items():
-            req.add_header(name, value)
+        failures: list[str] = []
+        for base in list(self._bases):
+            req = urllib.request.Request(base + path, data=data, method=method)
+            req.add_header("Authorization", self._auth)
+            req.add_header("Content-Type", "application/json")
+            for name, value in (headers or {}).items():
+                req.add_header(name, value)
+            try:
+                raw = self._send(req, method, path, missing_ok)
+            except _Unreachable as exc:
+                failures.append(f"{redact_url(base)}: {exc}")
+                self._bases.append(self._bases.pop(0))  # ask the next node first from now on
+                continue
+            return json.loads(raw) if raw else None
+        raise ServiceUnavailable(f"management API cannot be reached at {'; '.join(failures)}")
+
+    def _send(self, req: urllib.request.Request, method: str, path: str, missing_ok: bool) -> bytes:
         try:
-            with urllib.request.urlopen(req, timeout=self._timeout) as reply:
-                raw = reply.read()
+            with urllib.request.urlopen(req, timeout=self._timeout, context=self._context) as reply:
+                raw: bytes = reply.read()
+                return raw
         except urllib.error.HTTPError as exc:
             if exc.code == 404 and missing_ok:
-                return None
+                return b""
+            if exc.code >= 500:  # a node that is starting or stopping: another may answer
+                raise _Unreachable(f"HTTP {exc.code} {exc.reason}") from None
             raise ServiceUnavailable(
                 f"management API {method} {path}: HTTP {exc.code} {exc.reason}"
             ) from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ServiceUnavailable(
-                f"management API at {redact_url(self._base)} cannot be reached: {reason}"
-            ) from None
-        return json.loads(raw) if raw else None
+            raise _Unreachable(str(getattr(exc, "reason", exc))) from None
 
     def _vhost_path(self, kind: str, name: str = "") -> str:
         path = f"/api/{kind}/{quote(self.vhost, safe='')}"

@@ -23,8 +23,9 @@ from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
 from aiormq.exceptions import PublishError as ReturnedError
 from pamqp import commands as spec
 
-from hashq.amqp import connect_amqp, connection_name
+from hashq.amqp import close_quietly, connect_amqp, connection_name
 from hashq.errors import (
+    BatchPublishError,
     HashqError,
     InvalidMessage,
     MessageNacked,
@@ -78,6 +79,7 @@ class Publisher:
         self._ring_checked_at = -1.0
         self._connection: AbstractConnection | None = None
         self._raw_channel: aiormq.Channel | None = None
+        self._batches: set[InFlight] = set()  # publishes waiting for their confirms
         self.connection_name = connection_name("publisher")
 
     async def __aenter__(self) -> Publisher:
@@ -95,7 +97,7 @@ class Publisher:
         connection, self._connection = self._connection, None
         self._raw_channel = None
         if connection is not None and not connection.is_closed:
-            await connection.close()
+            await close_quietly(connection)
 
     async def publish(
         self,
@@ -107,11 +109,11 @@ class Publisher:
     ) -> str:
         """Publish one message; returns its message id once the broker confirmed it."""
         prepared = _prepare(Outgoing(key, _as_bytes(body), headers or {}, message_id))
-        async with self._window:
-            outcome = await self._send(prepared, self._settings.confirm_timeout)
-        if isinstance(outcome, PublishError):
-            raise outcome
-        return outcome
+        try:
+            (confirmed,) = await self._publish_prepared([prepared])
+        except BatchPublishError as exc:
+            raise exc.failures[0].error from None
+        return confirmed
 
     async def publish_many(
         self,
@@ -125,30 +127,42 @@ class Publisher:
         the rest still go out and then ``BatchPublishError`` names exactly the failed ones.
         ``on_confirmed(n)`` is called with the running count of confirmed messages.
         """
+        return await self._publish_prepared(messages, on_confirmed)
+
+    async def _publish_prepared(
+        self,
+        messages: Iterable[Outgoing | Prepared],
+        on_confirmed: Callable[[int], None] | None = None,
+    ) -> list[str]:
         batch = InFlight(self._window, self._settings.confirm_timeout, on_confirmed)
+        self._batches.add(batch)
         try:
             for index, message in enumerate(messages):
                 try:
-                    prepared = _prepare(message)
+                    prepared = message if isinstance(message, tuple) else _prepare(message)
                 except InvalidMessage as exc:
-                    batch.refused(
-                        index, PublishError(str(exc), key=str(message.key), message_id="-")
-                    )
+                    key = str(getattr(message, "key", ""))
+                    batch.refused(index, PublishError(str(exc), key=key, message_id="-"))
                     continue
                 await self._window.acquire()
-                batch.track(index, prepared, asyncio.ensure_future(self._send(prepared, None)))
+                batch.track(index, prepared, asyncio.ensure_future(self._send(prepared)))
         except asyncio.CancelledError:
             batch.cancel()
             raise
         finally:
             # Also when the input itself failed: what was sent gets its confirm before we return.
             await batch.settled()
+            self._batches.discard(batch)
         return batch.outcome()
 
-    async def _send(self, prepared: Prepared, confirm_within: float | None) -> str | PublishError:
-        """Send one message and wait for its confirm, at most ``confirm_within`` seconds (None: the
-        caller keeps the time); the outcome as a value, never raised, so that a batch of
-        thousands does not pay for thousands of exceptions."""
+    def _channel_closed(self, _: object) -> None:
+        for batch in list(self._batches):
+            batch.abandon("connection lost before the confirm")
+
+    async def _send(self, prepared: Prepared) -> str | PublishError:
+        """Send one message and wait for its confirm (its batch keeps the time); the outcome as
+        a value, never raised, so that a batch of thousands does not pay for thousands of
+        exceptions."""
         key, body, properties = prepared
         message_id = str(properties.message_id)
         channel = self._raw_channel
@@ -165,7 +179,6 @@ class Publisher:
                 routing_key=key,
                 properties=properties,
                 mandatory=True,
-                timeout=confirm_within,
                 wait=False,  # no wait for the socket write: the confirm is what counts
             )
         except Exception as exc:
@@ -185,9 +198,6 @@ class Publisher:
             )
         if isinstance(exc, DeliveryError):
             return MessageNacked("the broker refused the message", key=key, message_id=message_id)
-        if isinstance(exc, TimeoutError):
-            reason = f"no confirm within {self._settings.confirm_timeout:g}s"
-            return PublishUnconfirmed(reason, key=key, message_id=message_id)
         # Whatever broke between send and confirm, the outcome is unknown to us.
         self._raw_channel = None
         reason = f"connection lost before the confirm ({type(exc).__name__})"
@@ -205,14 +215,30 @@ class Publisher:
                 return channel
             await self.close()
             self._connection = await connect_amqp(self._settings, self.connection_name)
-            opened = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-            await self._passive_exchange(opened)
-            if not await ring_exists(self._connection, self._topology):
-                await self._repair_ring(time.monotonic())
-            underlay = await opened.get_underlay_channel()
-            assert isinstance(underlay, aiormq.Channel)  # for basic_publish(wait=False)
+            try:
+                underlay = await asyncio.wait_for(
+                    self._open_channel(self._connection), self._settings.connect_timeout
+                )
+            except TimeoutError:
+                await self.close()  # a node that accepts connections but cannot serve them
+                raise ServiceUnavailable(
+                    "RabbitMQ did not open a publishing channel within "
+                    f"{self._settings.connect_timeout:g}s"
+                ) from None
+            # A send in flight when the channel goes may never end by itself (aiormq can block
+            # it behind a frame write that will not happen): its batch ends it at once.
+            underlay.closing.add_done_callback(self._channel_closed)
             self._raw_channel = underlay
             return underlay
+
+    async def _open_channel(self, connection: AbstractConnection) -> aiormq.Channel:
+        opened = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await self._passive_exchange(opened)
+        if not await ring_exists(connection, self._topology):
+            await self._repair_ring(time.monotonic())
+        underlay = await opened.get_underlay_channel()
+        assert isinstance(underlay, aiormq.Channel)  # for basic_publish(wait=False)
+        return underlay
 
     async def _repair_ring(self, since: float) -> None:
         """Rebuild the ring unless that was done after ``since``: after a broker restart the

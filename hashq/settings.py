@@ -8,7 +8,9 @@ credentials are never echoed.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
@@ -18,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from hashq.errors import SettingsError
 
 MAX_BUCKETS = 4096
+SECRETS_DIR_VARIABLE = "HASHQ_SECRETS_DIR"
 SECRET_FIELDS = frozenset({"amqp_url", "management_url", "zk_auth"})
 _APP_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _ZK_HOST_PATTERN = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
@@ -29,7 +32,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HASHQ_", extra="forbid", frozen=True)
 
     amqp_url: str = Field(
-        "amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ URL (amqp:// or amqps://)"
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description="RabbitMQ URL (amqp:// or amqps://); a cluster's nodes comma-separated",
     )
     zk_hosts: str = Field(
         "127.0.0.1:2181", description="ZooKeeper hosts, host:port[,host:port...][/chroot]"
@@ -43,7 +47,17 @@ class Settings(BaseSettings):
         20, ge=1, le=1000, description="quorum queues: deliveries before a message is dead-lettered"
     )
     management_url: str = Field(
-        "http://127.0.0.1:15672", description="RabbitMQ management API (credentials of amqp_url)"
+        "http://127.0.0.1:15672",
+        description="RabbitMQ management API (amqp_url's credentials); several comma-separated",
+    )
+    tls_ca_file: Path | None = Field(
+        None, description="CA certificates (PEM) that amqps:// and https:// servers must chain to"
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="client certificate (PEM) for amqps:// and https://"
+    )
+    tls_key_file: Path | None = Field(
+        None, description="the client certificate's private key (PEM; default: in the cert file)"
     )
     connect_timeout: float = Field(10.0, gt=0, le=300, description="seconds to reach a service")
     confirm_timeout: float = Field(
@@ -66,20 +80,27 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _check_amqp_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("amqp", "amqps"):
-            raise ValueError("must start with amqp:// or amqps://")
-        _check_host_port(parts.hostname, value)
-        return value
+        urls = split_urls(value)
+        for url in urls:
+            _check_url(url, ("amqp", "amqps"))
+        if len({_vhost_of(url) for url in urls}) > 1:
+            raise ValueError("every node's URL must name the same vhost")
+        return ",".join(urls)
 
     @field_validator("management_url")
     @classmethod
     def _check_management_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https"):
-            raise ValueError("must start with http:// or https://")
-        _check_host_port(parts.hostname, value)
-        return value.rstrip("/")
+        urls = [url.rstrip("/") for url in split_urls(value)]
+        for url in urls:
+            _check_url(url, ("http", "https"))
+        return ",".join(urls)
+
+    @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")
+    @classmethod
+    def _check_readable_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{str(value)!r} is not a readable file")
+        return value
 
     @field_validator("zk_hosts")
     @classmethod
@@ -100,9 +121,11 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _check_acl_pair(self) -> Settings:
+    def _check_pairs(self) -> Settings:
         if (self.zk_acl_coordinators is None) != (self.zk_acl_workers is None):
             raise ValueError("zk_acl_coordinators and zk_acl_workers go together")
+        if self.tls_key_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_key_file needs tls_cert_file")
         return self
 
     @field_validator("app")
@@ -123,13 +146,22 @@ class Settings(BaseSettings):
         }
 
     @property
+    def amqp_urls(self) -> list[str]:
+        """Every RabbitMQ node this process may connect to, in the order given."""
+        return self.amqp_url.split(",")
+
+    @property
+    def management_urls(self) -> list[str]:
+        return self.management_url.split(",")
+
+    @property
     def amqp_url_redacted(self) -> str:
-        return redact_url(self.amqp_url)
+        return ",".join(redact_url(url) for url in self.amqp_urls)
 
     @property
     def management_credentials(self) -> tuple[str, str]:
         """The management API's user and password: its URL's, else the AMQP URL's."""
-        for url in (self.management_url, self.amqp_url):
+        for url in (self.management_urls[0], self.amqp_urls[0]):
             parts = urlsplit(url)
             if parts.username:
                 return unquote(parts.username), unquote(parts.password or "")
@@ -137,8 +169,7 @@ class Settings(BaseSettings):
 
     @property
     def vhost(self) -> str:
-        path = urlsplit(self.amqp_url).path
-        return unquote(path[1:]) if len(path) > 1 else "/"
+        return _vhost_of(self.amqp_urls[0])
 
 
 class ServiceSettings(Settings):
@@ -187,6 +218,26 @@ def check_identifier(value: str | None) -> str | None:
     return value
 
 
+def split_urls(value: str) -> list[str]:
+    """The URLs of a comma-separated list (a cluster's nodes), without blanks."""
+    urls = [url.strip() for url in value.split(",") if url.strip()]
+    if not urls:
+        raise ValueError("names no URL")
+    return urls
+
+
+def _check_url(url: str, schemes: tuple[str, ...]) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in schemes:
+        raise ValueError(f"must start with {' or '.join(s + '://' for s in schemes)}")
+    _check_host_port(parts.hostname, url)
+
+
+def _vhost_of(url: str) -> str:
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
 def _check_host_port(hostname: str | None, url: str) -> None:
     if not hostname:
         raise ValueError("has no host")
@@ -216,18 +267,25 @@ def load_settings(**overrides: Any) -> Settings: ...
 def load_settings(kind: type[S], /, **overrides: Any) -> S: ...
 def load_settings(kind: type[Settings] = Settings, /, **overrides: Any) -> Settings:
     """Settings of class ``kind`` from ``HASHQ_`` variables, with ``overrides`` (flags) winning;
-    ``None`` values are ignored. Raises ``SettingsError`` with one line for the first bad one."""
+    ``None`` values are ignored. A setting may also come from a file named after its variable
+    in the folder ``HASHQ_SECRETS_DIR`` (a mounted secret); a variable wins over a file.
+    Raises ``SettingsError`` with one line for the first bad one."""
     given = {name: value for name, value in overrides.items() if value is not None}
+    secrets = os.environ.get(SECRETS_DIR_VARIABLE)
+    if secrets and not Path(secrets).is_dir():
+        raise SettingsError(f"{SECRETS_DIR_VARIABLE}: {secrets!r} is not a directory")
     try:
-        return kind(**given)
+        return kind(_secrets_dir=secrets or None, **given)
     except ValidationError as exc:
         raise SettingsError(_describe(exc)) from None
 
 
 def _describe(exc: ValidationError) -> str:
     error = exc.errors()[0]
-    name = str(error["loc"][0]) if error["loc"] else "settings"
     message = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:  # a rule across settings: its input is all of them, secrets too
+        return f"settings: {message}"
+    name = str(error["loc"][0])
     if error["type"] == "extra_forbidden":
         return f"unknown setting {name!r}"
     shown = "" if name in SECRET_FIELDS else f" (got {error.get('input')!r})"

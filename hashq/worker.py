@@ -20,7 +20,7 @@ import uuid
 
 from aio_pika.abc import AbstractConnection
 
-from hashq.amqp import connect_amqp
+from hashq.amqp import close_quietly, connect_amqp
 from hashq.bucket import BucketLease
 from hashq.deadletter import DeadLetters
 from hashq.errors import HashqError
@@ -290,7 +290,7 @@ class Worker:
             self._transition(WorkerState.FENCED)
             await self._cut_off_all()
             if self._connection is not None:
-                await _close_quietly(self._connection)
+                await close_quietly(self._connection)
                 self._connection = None
         if not self._membership.zk_connected:
             asyncio.get_running_loop().call_later(0.2, self._wake.set)
@@ -329,7 +329,7 @@ class Worker:
         if self._runners is not None:
             await self._runners.close()
         if self._connection is not None:
-            await _close_quietly(self._connection)
+            await close_quietly(self._connection)
         self._transition(WorkerState.STOPPED)
 
     # ------------------------------------------------------------ helpers
@@ -368,10 +368,3 @@ class Worker:
                     self.worker_id,
                     self.settings.app,
                 )
-
-
-async def _close_quietly(connection: AbstractConnection) -> None:
-    try:
-        await connection.close()
-    except Exception as exc:
-        log.debug("closing connection: %r", exc)

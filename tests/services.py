@@ -25,6 +25,31 @@ RABBIT_IMAGE = "rabbitmq:4.1-management"
 ZK_IMAGE = "zookeeper:3.9"
 
 
+@dataclass(frozen=True)
+class TlsEndpoints:
+    """The broker's TLS listeners, and the files of the CA and the client certificate that
+    ``scripts/services.sh`` made for them."""
+
+    amqps_port: int
+    management_port: int
+    ca_file: Path
+    client_cert_file: Path
+    client_key_file: Path
+
+    @classmethod
+    def from_script_env(cls, env: dict[str, str]) -> TlsEndpoints | None:
+        folder = env.get("HASHQ_SERVICES_TLS_DIR")
+        if folder is None or not (Path(folder) / "client.pem").is_file():
+            return None
+        return cls(
+            int(env["HASHQ_SERVICES_AMQPS_PORT"]),
+            int(env["HASHQ_SERVICES_MANAGEMENT_TLS_PORT"]),
+            Path(folder) / "ca.pem",
+            Path(folder) / "client.pem",
+            Path(folder) / "client.key",
+        )
+
+
 @dataclass
 class Endpoints:
     """Where the servers are, and (for local ones) how to restart them."""
@@ -37,6 +62,7 @@ class Endpoints:
     stop: Callable[[str], None] | None = None
     start: Callable[[str], None] | None = None
     cleanup: Callable[[], None] | None = None
+    tls: TlsEndpoints | None = None
 
 
 def from_environment() -> Endpoints | None:
@@ -69,6 +95,7 @@ def from_script() -> Endpoints | None:
         restart=control("restart"),
         stop=control("down"),
         start=control("up"),
+        tls=TlsEndpoints.from_script_env(env),
     )
 
 

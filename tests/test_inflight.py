@@ -52,3 +52,26 @@ async def test_the_deadline_is_kept_by_the_batch_itself() -> None:
     await asyncio.wait_for(batch.settled(), 2)
     with pytest.raises(BatchPublishError, match=r"no confirm within 0\.2s"):
         batch.outcome()
+
+
+async def test_abandoned_sends_are_unconfirmed_at_once_and_confirmed_ones_stay() -> None:
+    window = asyncio.Semaphore(10)
+    batch = InFlight(window, confirm_timeout=30, on_confirmed=None)
+    loop = asyncio.get_running_loop()
+    sending: list[asyncio.Future[str | PublishError]] = []
+    for n in range(4):
+        await window.acquire()
+        sending.append(loop.create_future())
+        batch.track(n, _prepared(n), sending[n])
+    sending[2].set_result("m-2")
+    batch.abandon("connection lost before the confirm")
+    await asyncio.wait_for(batch.settled(), 1)  # not the 30 s deadline
+    with pytest.raises(BatchPublishError) as raised:
+        batch.outcome()
+    failures = {f.index: f.error for f in raised.value.failures}
+    assert sorted(failures) == [0, 1, 3]
+    assert all(isinstance(error, PublishUnconfirmed) for error in failures.values())
+    assert "connection lost before the confirm" in str(failures[3])
+    assert raised.value.confirmed == ["m-2"]
+    for _ in range(10):
+        await asyncio.wait_for(window.acquire(), 0.1)

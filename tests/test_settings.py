@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hashq.errors import SettingsError
@@ -41,6 +43,11 @@ def test_environment_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> N
         ("app", "", "a-z"),
         ("delivery_limit", "0", "greater than or equal to 1"),
         ("connect_timeout", "-1", "greater than 0"),
+        ("amqp_url", "amqp://h:1/a,amqp://h:2/b", "same vhost"),
+        ("amqp_url", "amqp://h:1/,http://h:2/", "amqp://"),
+        ("amqp_url", " , ", "names no URL"),
+        ("management_url", "http://h:1,h2", "http://"),
+        ("tls_ca_file", "/no/such/ca.pem", "not a readable file"),
     ],
 )
 def test_bad_value_names_the_setting_in_one_line(field: str, value: str, expected: str) -> None:
@@ -71,6 +78,38 @@ def test_secrets_never_appear_in_errors() -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings(management_url="gopher://user:s3cret@host")
     assert "s3cret" not in str(caught.value)
+
+
+def test_a_rule_across_settings_shows_no_input() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(amqp_url="amqp://user:s3cret@h:1/", tls_key_file=__file__)
+    assert str(caught.value) == "settings: tls_key_file needs tls_cert_file"
+
+
+def test_a_cluster_is_a_list_of_nodes_with_one_vhost() -> None:
+    settings: Settings = load_settings(
+        amqp_url="amqp://u:pw@n1:5672/orders, amqp://u:pw@n2:5672/orders",
+        management_url="http://n1:15672/,http://n2:15672",
+    )
+    assert settings.amqp_urls == ["amqp://u:pw@n1:5672/orders", "amqp://u:pw@n2:5672/orders"]
+    assert settings.management_urls == ["http://n1:15672", "http://n2:15672"]
+    assert settings.vhost == "orders"
+    assert settings.amqp_url_redacted == "amqp://u:***@n1:5672/orders,amqp://u:***@n2:5672/orders"
+
+
+def test_settings_may_come_from_files_and_variables_win(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "HASHQ_AMQP_URL").write_text("amqp://u:from-file@h:1/\n")
+    (tmp_path / "HASHQ_APP").write_text("orders")
+    monkeypatch.setenv("HASHQ_SECRETS_DIR", str(tmp_path))
+    monkeypatch.setenv("HASHQ_APP", "billing")
+    settings: Settings = load_settings()
+    assert settings.amqp_url == "amqp://u:from-file@h:1/"
+    assert settings.app == "billing"
+    monkeypatch.setenv("HASHQ_SECRETS_DIR", str(tmp_path / "missing"))
+    with pytest.raises(SettingsError, match=r"HASHQ_SECRETS_DIR: .* is not a directory"):
+        load_settings()
 
 
 def test_redacted_url_hides_only_the_password() -> None:

@@ -29,7 +29,7 @@ IN_FLIGHT = 1000
 
 async def publish_raw(settings: Settings, messages: Iterable[tuple[str, bytes]]) -> int:
     """Publish with confirms, ``IN_FLIGHT`` at a time; returns how many were confirmed."""
-    connection = await aiormq.connect(settings.amqp_url)
+    connection = await aiormq.connect(settings.amqp_urls[0])
     exchange = Topology.from_settings(settings).exchange
     confirmed = 0
     try:
@@ -78,7 +78,7 @@ class RawConsumer:
         self._channel: aiormq.abc.AbstractChannel
 
     async def run(self, stop: asyncio.Event) -> None:
-        connection = await aiormq.connect(self._settings.amqp_url)
+        connection = await aiormq.connect(self._settings.amqp_urls[0])
         self._channel = await connection.channel()
         await self._channel.basic_qos(prefetch_count=PREFETCH)
         for bucket, queue in enumerate(Topology.from_settings(self._settings).bucket_queues()):

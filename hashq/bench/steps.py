@@ -76,7 +76,7 @@ class CpuMeter:
 
     def __init__(self, consumer_pid: int, settings: Settings) -> None:
         self._pids = {"consumer": consumer_pid}
-        broker = listener_pid(urlsplit(settings.amqp_url).port or 5672)
+        broker = listener_pid(urlsplit(settings.amqp_urls[0]).port or 5672)
         if broker is not None:
             self._pids["broker"] = broker
         self._before = self._now()

@@ -17,15 +17,23 @@ def _prepared(n: int) -> Prepared:
     return f"key-{n}", b"", spec.Basic.Properties(message_id=f"m-{n}")
 
 
+async def _track(
+    batch: InFlight, window: asyncio.Semaphore, count: int
+) -> list[asyncio.Future[str | PublishError]]:
+    """``count`` messages sent, their outcomes left for the test to set."""
+    sending: list[asyncio.Future[str | PublishError]] = []
+    for n in range(count):
+        await window.acquire()
+        sending.append(asyncio.get_running_loop().create_future())
+        batch.track(n, _prepared(n), sending[n])
+    return sending
+
+
 async def test_only_the_messages_past_the_deadline_are_unconfirmed() -> None:
     window = asyncio.Semaphore(10)
     batch = InFlight(window, confirm_timeout=30, on_confirmed=None)
     loop = asyncio.get_running_loop()
-    sending: list[asyncio.Future[str | PublishError]] = []
-    for n in range(5):
-        await window.acquire()
-        sending.append(loop.create_future())
-        batch.track(n, _prepared(n), sending[n])
+    sending = await _track(batch, window, 5)
     sending[1].set_result("m-1")
     sending[3].set_result(PublishUnconfirmed("connection lost", key="key-3", message_id="m-3"))
     batch.expire(loop.time() + 10)  # not yet
@@ -57,12 +65,7 @@ async def test_the_deadline_is_kept_by_the_batch_itself() -> None:
 async def test_abandoned_sends_are_unconfirmed_at_once_and_confirmed_ones_stay() -> None:
     window = asyncio.Semaphore(10)
     batch = InFlight(window, confirm_timeout=30, on_confirmed=None)
-    loop = asyncio.get_running_loop()
-    sending: list[asyncio.Future[str | PublishError]] = []
-    for n in range(4):
-        await window.acquire()
-        sending.append(loop.create_future())
-        batch.track(n, _prepared(n), sending[n])
+    sending = await _track(batch, window, 4)
     sending[2].set_result("m-2")
     batch.abandon("connection lost before the confirm")
     await asyncio.wait_for(batch.settled(), 1)  # not the 30 s deadline

@@ -72,6 +72,15 @@ async def _connect(url: str, settings: Settings, name: str) -> AbstractConnectio
         ) from None
 
 
+def connection_usable(connection: AbstractConnection | None) -> bool:
+    """True while ``connection`` can carry frames. After a server-forced close aio-pika may
+    leave ``is_closed`` False; the underlying aiormq connection tells."""
+    if connection is None or connection.is_closed:
+        return False
+    underlay = getattr(connection, "transport", None)
+    return underlay is not None and not underlay.connection.is_closed
+
+
 async def close_quietly(connection: AbstractConnection, within: float = 5.0) -> None:
     """Close ``connection``, bounded in time and silent: one whose peer is gone may neither
     answer the close nor fail it."""

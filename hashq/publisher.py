@@ -10,6 +10,7 @@ broker acknowledged it. After a connection loss the next publish opens a new con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -19,11 +20,11 @@ from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aiormq.exceptions import ChannelNotFoundEntity, DeliveryError
+from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from aiormq.exceptions import PublishError as ReturnedError
 from pamqp import commands as spec
 
-from hashq.amqp import close_quietly, connect_amqp, connection_name
+from hashq.amqp import close_quietly, connect_amqp, connection_name, connection_usable
 from hashq.errors import (
     BatchPublishError,
     HashqError,
@@ -43,6 +44,7 @@ from hashq.topology import Topology
 log = logging.getLogger(__name__)
 
 MAX_KEY_BYTES = 255  # AMQP short string: the routing key's limit
+RETIRE_INTERVAL = 1.0  # seconds: at most one channel replaced after nacks in this time
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class Publisher:
         self._connection: AbstractConnection | None = None
         self._raw_channel: aiormq.Channel | None = None
         self._batches: set[InFlight] = set()  # publishes waiting for their confirms
+        self._retired: set[aiormq.Channel] = set()  # replaced after a nack, closed later
+        self._retired_at = -RETIRE_INTERVAL
+        self._closing: set[asyncio.Future[None]] = set()
         self.connection_name = connection_name("publisher")
 
     async def __aenter__(self) -> Publisher:
@@ -96,6 +101,8 @@ class Publisher:
     async def close(self) -> None:
         connection, self._connection = self._connection, None
         self._raw_channel = None
+        for closing in list(self._closing):  # the connection's close closes them
+            closing.cancel()
         if connection is not None and not connection.is_closed:
             await close_quietly(connection)
 
@@ -155,9 +162,37 @@ class Publisher:
             self._batches.discard(batch)
         return batch.outcome()
 
-    def _channel_closed(self, _: object) -> None:
+    def _channel_closed(self, channel: aiormq.Channel) -> None:
+        if channel in self._retired:
+            self._retired.discard(channel)
+            return
         for batch in list(self._batches):
             batch.abandon("connection lost before the confirm")
+
+    def _retire(self, channel: aiormq.Channel) -> None:
+        """After a nack, send on a fresh channel (at most once a second), and close this one
+        once nothing sent on it can still be waiting for its confirm.
+
+        RabbitMQ 3.10 rejects every publish, for as long as the channel lives, on a channel
+        whose first publish to a quorum queue came while the queue's leader node was down (a
+        publisher reconnecting at once after its node died); a new channel works as soon as the
+        queue has a new leader. A nack for another reason (a full queue) costs one channel a
+        second at most.
+        """
+        now = time.monotonic()
+        if channel is not self._raw_channel or now - self._retired_at < RETIRE_INTERVAL:
+            return
+        self._retired_at = now
+        self._raw_channel = None
+        self._retired.add(channel)
+        closing = asyncio.ensure_future(self._close_later(channel))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    async def _close_later(self, channel: aiormq.Channel) -> None:
+        await asyncio.sleep(self._settings.confirm_timeout + RETIRE_INTERVAL)
+        with contextlib.suppress(Exception):
+            await channel.close()
 
     async def _send(self, prepared: Prepared) -> str | PublishError:
         """Send one message and wait for its confirm (its batch keeps the time); the outcome as
@@ -182,11 +217,11 @@ class Publisher:
                 wait=False,  # no wait for the socket write: the confirm is what counts
             )
         except Exception as exc:
-            return await self._failure(exc, key, message_id, sent_at)
+            return await self._failure(exc, channel, key, message_id, sent_at)
         return message_id
 
     async def _failure(
-        self, exc: Exception, key: str, message_id: str, sent_at: float
+        self, exc: Exception, channel: aiormq.Channel, key: str, message_id: str, sent_at: float
     ) -> PublishError:
         if isinstance(exc, ReturnedError):
             await self._repair_ring(sent_at)
@@ -197,6 +232,7 @@ class Publisher:
                 message_id=message_id,
             )
         if isinstance(exc, DeliveryError):
+            self._retire(channel)
             return MessageNacked("the broker refused the message", key=key, message_id=message_id)
         # Whatever broke between send and confirm, the outcome is unknown to us.
         self._raw_channel = None
@@ -213,21 +249,23 @@ class Publisher:
             channel = self._raw_channel
             if channel is not None and not channel.is_closed:
                 return channel
-            await self.close()
-            self._connection = await connect_amqp(self._settings, self.connection_name)
+            if not connection_usable(self._connection):
+                await self.close()
+                self._connection = await connect_amqp(self._settings, self.connection_name)
+            assert self._connection is not None
             try:
                 underlay = await asyncio.wait_for(
                     self._open_channel(self._connection), self._settings.connect_timeout
                 )
-            except TimeoutError:
-                await self.close()  # a node that accepts connections but cannot serve them
+            except (TimeoutError, AMQPError, ConnectionError) as exc:
+                await self.close()  # e.g. a node that accepts connections but cannot serve them
                 raise ServiceUnavailable(
-                    "RabbitMQ did not open a publishing channel within "
-                    f"{self._settings.connect_timeout:g}s"
+                    f"RabbitMQ did not open a publishing channel within "
+                    f"{self._settings.connect_timeout:g}s ({type(exc).__name__})"
                 ) from None
             # A send in flight when the channel goes may never end by itself (aiormq can block
             # it behind a frame write that will not happen): its batch ends it at once.
-            underlay.closing.add_done_callback(self._channel_closed)
+            underlay.closing.add_done_callback(lambda _: self._channel_closed(underlay))
             self._raw_channel = underlay
             return underlay
 

@@ -20,7 +20,7 @@ import uuid
 
 from aio_pika.abc import AbstractConnection
 
-from hashq.amqp import close_quietly, connect_amqp
+from hashq.amqp import close_quietly, connect_amqp, connection_usable
 from hashq.bucket import BucketLease
 from hashq.deadletter import DeadLetters
 from hashq.errors import HashqError
@@ -263,7 +263,7 @@ class Worker:
 
     async def _ensure_connection(self) -> bool:
         """Reopen a lost AMQP connection under the same name; False while it cannot be had."""
-        if self._connection_usable():
+        if connection_usable(self._connection):
             return True
         log.warning("AMQP connection lost; cutting off every bucket and reconnecting")
         await self._cut_off_all()
@@ -275,14 +275,6 @@ class Worker:
             self._wake.set()
             return False
         return True
-
-    def _connection_usable(self) -> bool:
-        # After a server-forced close aio-pika may leave is_closed False; its transport tells.
-        connection = self._connection
-        if connection is None or connection.is_closed:
-            return False
-        underlay = getattr(connection, "transport", None)
-        return underlay is not None and not underlay.connection.is_closed
 
     async def _fence_self(self) -> None:
         """Session lost: the grants are void. Cut everything off, then register afresh."""

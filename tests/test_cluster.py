@@ -6,6 +6,7 @@ being processed."""
 from __future__ import annotations
 
 import asyncio
+import random
 import subprocess
 import sys
 import time
@@ -18,10 +19,12 @@ import pytest
 
 from coordinator.fence import fence
 from hashq.amqp import close_quietly, connect_amqp
+from hashq.errors import BatchPublishError
 from hashq.jsonl import read_appended
 from hashq.management import Management
 from hashq.protocol import worker_connection_name
 from hashq.provision import ensure_topology
+from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from tests.cluster import ROOT, LocalCluster, cluster_possible
 from tests.helpers import child_environment, wait_for_connection
@@ -192,3 +195,34 @@ async def test_fencing_closes_a_connection_through_another_nodes_management_api(
         await asyncio.wait_for(closed.wait(), timeout=10)
     finally:
         await close_quietly(connection)
+
+
+async def test_a_publisher_whose_node_died_with_the_queue_leaders_publishes_again(
+    cluster: LocalCluster, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The publisher reconnects at once to a surviving node, before the queues have new
+    leaders. RabbitMQ 3.10 nacks every publish on a channel opened then, for as long as it
+    lives: the publisher must move to a fresh channel, not go on being refused."""
+    doomed = 0
+    on_doomed = settings.model_copy(update={"amqp_url": cluster.amqp_urls[doomed], "app": "lead"})
+    await ensure_topology(on_doomed)  # the declaring node leads the bucket queues
+    monkeypatch.setattr(random, "randrange", lambda n: 0)  # connect to the doomed node first
+    two_nodes = on_doomed.model_copy(
+        update={"amqp_url": f"{cluster.amqp_urls[doomed]},{cluster.amqp_urls[1]}"}
+    )
+    batch = [Outgoing(f"k{n}", b"{}") for n in range(100)]
+    async with Publisher(two_nodes) as publisher:
+        await publisher.publish_many(batch)
+        cluster.kill_rabbit(doomed)
+        killed_at = time.monotonic()
+        try:
+            while True:
+                try:
+                    await publisher.publish_many(batch)
+                    break
+                except BatchPublishError:
+                    assert time.monotonic() - killed_at < PAUSE_LIMIT, "still refused"
+                    await asyncio.sleep(0.05)
+            print(f"confirmed again {time.monotonic() - killed_at:.1f} s after the kill")
+        finally:
+            cluster.start_rabbit(doomed)

@@ -163,9 +163,10 @@ class Publisher:
         return batch.outcome()
 
     def _channel_closed(self, channel: aiormq.Channel) -> None:
-        if channel in self._retired:
-            self._retired.discard(channel)
-            return
+        retired = channel in self._retired
+        self._retired.discard(channel)
+        if retired and connection_usable(self._connection):
+            return  # closed by _close_later, when nothing on it could still be waiting
         for batch in list(self._batches):
             batch.abandon("connection lost before the confirm")
 
@@ -257,11 +258,16 @@ class Publisher:
                 underlay = await asyncio.wait_for(
                     self._open_channel(self._connection), self._settings.connect_timeout
                 )
-            except (TimeoutError, AMQPError, ConnectionError) as exc:
-                await self.close()  # e.g. a node that accepts connections but cannot serve them
+            except TimeoutError:
+                await self.close()  # a node that accepts connections but cannot serve them
                 raise ServiceUnavailable(
-                    f"RabbitMQ did not open a publishing channel within "
-                    f"{self._settings.connect_timeout:g}s ({type(exc).__name__})"
+                    "RabbitMQ did not open a publishing channel within "
+                    f"{self._settings.connect_timeout:g}s"
+                ) from None
+            except (AMQPError, ConnectionError) as exc:
+                await self.close()  # the connection went while the channel was opening
+                raise ServiceUnavailable(
+                    f"RabbitMQ did not open a publishing channel: {type(exc).__name__}"
                 ) from None
             # A send in flight when the channel goes may never end by itself (aiormq can block
             # it behind a frame write that will not happen): its batch ends it at once.

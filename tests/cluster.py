@@ -91,6 +91,9 @@ class LocalCluster:
         try:
             self._run([_Call(i, "up", s) for s in services for i in range(self.size)])
             self.wait_rabbit_running(self.size, timeout=timeout)
+            # Members that just joined may not have enabled quorum queues yet: declaring one
+            # there fails with "the corresponding feature flag is disabled".
+            _wait(self._quorum_queues_enabled, timeout, "the quorum_queue feature flag")
             self.wait_zk_leader(timeout=timeout)
         except BaseException:
             self.down()
@@ -156,6 +159,16 @@ class LocalCluster:
         request.add_header("Authorization", _AUTH)
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.load(response)
+
+    def _quorum_queues_enabled(self) -> bool:
+        try:
+            flags = [self.management_get(i, "/api/feature-flags") for i in range(self.size)]
+        except OSError:
+            return False
+        return all(
+            any(f["name"] == "quorum_queue" and f["state"] == "enabled" for f in listed)
+            for listed in flags
+        )
 
     def _try_running(self, i: int) -> list[str]:
         try:

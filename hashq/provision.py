@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
+from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, ChannelPreconditionFailed
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
@@ -203,6 +203,11 @@ async def _refusals_as_mismatch(topology: Topology) -> AsyncIterator[None]:
         raise TopologyMismatch(
             f"RabbitMQ holds an exchange or queue of app {topology.app!r} declared differently "
             f"({_reply_text(exc)}); it was left untouched"
+        ) from None
+    except AMQPError as exc:  # e.g. a cluster still forming: "feature flag is disabled"
+        raise ServiceUnavailable(
+            f"RabbitMQ could not declare part of app {topology.app!r} ({_reply_text(exc)}); "
+            "what was declared stays, and running the command again completes it"
         ) from None
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from aiormq.exceptions import ConnectionInternalError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hashq.errors import TopologyMismatch
+from hashq.errors import ServiceUnavailable, TopologyMismatch
+from hashq.provision import _refusals_as_mismatch
 from hashq.topology import TOPOLOGY_VERSION, Topology
 
 apps = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,20}", fullmatch=True)
@@ -66,3 +68,17 @@ def test_unreadable_record_is_a_clear_error() -> None:
         Topology.from_record(b"{not json")
     with pytest.raises(TopologyMismatch, match="unreadable topology record"):
         Topology.from_record(b'{"app": "a"}')
+
+
+async def test_a_broker_error_while_declaring_is_one_line_saying_to_run_again() -> None:
+    """What a RabbitMQ cluster that is still forming answered in a test: a connection-level
+    error, which used to reach the command line as a traceback."""
+    refusal = ConnectionInternalError(
+        541, "INTERNAL_ERROR - Cannot declare a queue 'hashq.t.dead': feature flag is disabled"
+    )
+    with pytest.raises(ServiceUnavailable) as caught:
+        async with _refusals_as_mismatch(Topology("t", 8, "quorum", 20)):
+            raise refusal
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "feature flag is disabled" in message and "running the command again" in message

@@ -225,8 +225,7 @@ async def test_zombie_is_fenced_and_processes_nothing_more(
     await wait_until(lambda: len(records_of(record)) > 1_500)
 
     held = {b: r.epoch for b, r in owners(zk_view, initialized.buckets).items() if r.owner == "w1"}
-    zombie.signal(signal.SIGSTOP)
-    stopped_at = time.time()
+    stopped_at = zombie.stop_process()
     await wait_until(lambda: "fenced worker w1" in cluster_log(zombie, "c1"), within=30)
     zombie.signal(signal.SIGCONT)
 

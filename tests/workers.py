@@ -59,6 +59,16 @@ class WorkerProcess:
         if self.process.poll() is None:
             os.kill(self.process.pid, number)
 
+    def stop_process(self, within: float = 5) -> float:
+        """SIGSTOP, then wait until the kernel reports the process stopped; returns that time.
+        Until then the process may still start work: the signal is delivered asynchronously."""
+        self.signal(signal.SIGSTOP)
+        deadline = time.monotonic() + within
+        while _state(self.process.pid) not in ("T", "t"):
+            assert time.monotonic() < deadline, "the process did not stop"
+            time.sleep(0.001)
+        return time.time()
+
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
         self.process.wait(10)
@@ -74,6 +84,12 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc (R, S, T, Z, ...)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def stop_cleanly(worker: WorkerProcess, *others: WorkerProcess) -> None:

@@ -38,16 +38,29 @@ class View:
     records: Mapping[int, BucketRecord]
     workers: Mapping[str, Registration]  # live registrations
     releases: frozenset[tuple[int, int]]  # (bucket, epoch) released
-    fenced: frozenset[Incarnation]  # incarnations whose connection is cut off
-    now: float
+    fenced: frozenset[Incarnation]  # incarnations whose every connection is cut off
+    now: float  # the leader's monotonic clock; ``BucketRecord.since`` is on the same clock
     revoke_timeout: float  # how long a revoked owner may take to release before it is fenced
+    fence_grace: float = 0.0  # beyond an owner's own drain timeout, when it says it
+
+    def revoke_timeout_of(self, record: BucketRecord) -> float:
+        """How long ``record``'s owner may take to release: its own drain timeout (from its
+        registration) plus the grace, so that a worker that drains longer than the coordinator
+        expects is not fenced mid-drain; ``revoke_timeout`` for a worker that does not say."""
+        registration = self.workers.get(str(record.owner))
+        if registration is None or registration.incarnation != record.incarnation:
+            return self.revoke_timeout
+        if registration.drain_timeout <= 0:
+            return self.revoke_timeout
+        return registration.drain_timeout + self.fence_grace
 
 
 @dataclass
 class Decision:
     records: dict[int, BucketRecord] = field(default_factory=dict)  # the changed ones
     fences: set[Incarnation] = field(default_factory=set)  # to cut off
-    stuck: dict[int, str] = field(default_factory=dict)  # bucket -> owner that did not release
+    # bucket -> (owner that did not release, seconds it was given)
+    stuck: dict[int, tuple[str, float]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.records)
@@ -105,9 +118,10 @@ def _next(
     if record.state == REVOKING:
         if released:
             return _grant(record, target, view)
-        if not live or view.now - record.since > view.revoke_timeout:
+        allowed = view.revoke_timeout_of(record)
+        if not live or view.now - record.since > allowed:
             if live:
-                decision.stuck[bucket] = str(record.owner)
+                decision.stuck[bucket] = (str(record.owner), allowed)
             return _moving(record, FENCING, target, view.now)
         return replace(record, target=target)
     # FENCING

@@ -15,12 +15,13 @@ import os
 import socket
 import time
 import uuid
+from dataclasses import replace
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.lock import Lock
 from kazoo.recipe.watchers import ChildrenWatch
 
-from coordinator.fence import fence
+from coordinator.fence import Sighting, fence, wait_until_listable
 from coordinator.handover import Incarnation, View, assignments, committed_owners, step
 from coordinator.planner import plan
 from coordinator.settings import CoordinatorSettings
@@ -67,9 +68,10 @@ class Coordinator:
         self._written: dict[str, Assignment] = {}
         self._members: set[Incarnation] = set()
         self._changed_at = 0.0
-        self._seen: dict[Incarnation, float] = {}  # registration times, for fencing
-        self._fenced: set[Incarnation] = set()
+        self._sightings: dict[Incarnation, Sighting] = {}  # newest connection of each
+        self._fenced: dict[Incarnation, str] = {}  # the newest connection a fence covered
         self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
+        self.cannot_fence: str | None = None  # why the management API cannot fence, if it can't
         self._refused: set[Incarnation] = set()  # registrations of a newer protocol
         self.metrics = CoordinatorMetrics()
         self._measure()
@@ -79,6 +81,7 @@ class Coordinator:
         in_transit = ("revoking", "fencing")
         self.metrics.leader.set_function(lambda: 1 if self.role is Role.LEADER else 0)
         self.metrics.zk_connected.set_function(lambda: 1 if self.zk_connected else 0)
+        self.metrics.can_fence.set_function(lambda: 0 if self.cannot_fence else 1)
         self.metrics.workers.set_function(lambda: len(self._members))
         self.metrics.in_transit.set_function(
             lambda: sum(1 for r in self._records.values() if r.state in in_transit)
@@ -89,10 +92,27 @@ class Coordinator:
         return self._zk is not None and bool(self._zk.connected)
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready: connected to ZooKeeper, leading or standing by."""
+        """Ready: connected to ZooKeeper, leading or standing by, and able to fence (without
+        the management API no dead or stuck worker's buckets can move)."""
         if self.role is Role.STOPPED or not self.zk_connected:
             return False, f"coordinator {self.me}: not connected to ZooKeeper"
+        if self.cannot_fence:
+            return False, f"coordinator {self.me}: cannot fence: {self.cannot_fence}"
         return True, f"coordinator {self.me}: {self.role.value}"
+
+    def _fencing_trouble(self, why: str | None) -> None:
+        """Record whether fencing works; said once when it stops working and once when it works
+        again, not at every retry."""
+        if why and not self.cannot_fence:
+            log.error(
+                "coordinator %s cannot fence: %s; the buckets of a dead or stuck worker stay "
+                "where they are until the management API answers (HASHQ_MANAGEMENT_URL)",
+                self.me,
+                why,
+            )
+        elif why is None and self.cannot_fence:
+            log.info("coordinator %s: the management API answers; fencing works again", self.me)
+        self.cannot_fence = why
 
     # ------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
@@ -101,6 +121,7 @@ class Coordinator:
 
     async def _run(self, stop: asyncio.Event) -> None:
         topology = await ensure_topology(self.settings, check_bindings=False)
+        await self._probe_management()
         zk = await asyncio.to_thread(connect_zk, self.settings)
         self._zk = zk
         self._store = Store(zk, self._paths, topology.buckets)
@@ -108,7 +129,7 @@ class Coordinator:
         ChildrenWatch(zk, self._paths.workers, self._on_children)
         ChildrenWatch(zk, self._paths.releases, self._on_children)
         campaign = asyncio.ensure_future(self._campaign())
-        depths = asyncio.ensure_future(self._watch_depths(topology))
+        depths = asyncio.ensure_future(self._watch_management(topology))
         try:
             while not stop.is_set():
                 if self.role is Role.LEADER:
@@ -142,10 +163,22 @@ class Coordinator:
             log.warning("coordinator %s: ZooKeeper session lost; no longer leader", self.me)
             self._demote()
 
-    async def _watch_depths(self, topology: Topology) -> None:
-        """While leading, read each bucket queue's depth (the lag) for the metrics."""
+    async def _probe_management(self) -> None:
+        """Whether the management API lets this coordinator list connections, which every
+        fence needs: checked at start and every few seconds, for readiness and metrics."""
+        try:
+            await asyncio.to_thread(self._management.connections)
+        except Exception as exc:
+            self._fencing_trouble(f"the management API does not list connections: {exc}")
+        else:
+            self._fencing_trouble(None)
+
+    async def _watch_management(self, topology: Topology) -> None:
+        """Check the management API can fence; while leading, also read each bucket queue's
+        depth (the lag) for the metrics."""
         while True:
             await asyncio.sleep(DEPTH_SECONDS)
+            await self._probe_management()
             if self.role is not Role.LEADER:
                 continue
             try:
@@ -175,9 +208,6 @@ class Coordinator:
             )
             try:
                 await asyncio.to_thread(lock.acquire)
-                leadership, version = await asyncio.to_thread(self._store.claim, self.me)
-                records = await asyncio.to_thread(self._store.records)
-                written = await asyncio.to_thread(self._store.assignments)
             except asyncio.CancelledError:
                 lock.cancel()  # ends the acquire still waiting in its thread
                 raise
@@ -185,8 +215,18 @@ class Coordinator:
                 log.warning("coordinator %s: campaign failed (%r); retrying", self.me, exc)
                 await asyncio.sleep(1.0)
                 continue
+            try:
+                leadership, version = await asyncio.to_thread(self._store.claim, self.me)
+                records = await asyncio.to_thread(self._store.records)
+                written = await asyncio.to_thread(self._store.assignments)
+            except Exception as exc:
+                # The lock is held: a new one would queue behind it for ever, so give it back.
+                log.warning("coordinator %s: taking the lead failed (%r); retrying", self.me, exc)
+                await self._give_back(lock)
+                await asyncio.sleep(1.0)
+                continue
             self._leader_epoch, self._leader_version = leadership.epoch, version
-            self._records, self._written = records, written
+            self._records, self._written = _restarted_clocks(records), written
             self._changed_at = time.monotonic()
             self.role = Role.LEADER
             log.info(
@@ -197,6 +237,17 @@ class Coordinator:
                 sum(1 for r in records.values() if r.state in ("revoking", "fencing")),
             )
             self._wake.set()
+
+    async def _give_back(self, lock: Lock) -> None:
+        """Release a held lock, retrying until ZooKeeper takes it (once the session is gone, so
+        is the lock node, and the release succeeds at once)."""
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(lock.release), 5)
+                return
+            except Exception as exc:
+                log.warning("coordinator %s: releasing the lock failed (%r)", self.me, exc)
+                await asyncio.sleep(1.0)
 
     def _demote(self) -> None:
         self.role = Role.CANDIDATE
@@ -235,18 +286,19 @@ class Coordinator:
             records=self._records,
             workers=live,
             releases=frozenset(releases),
-            fenced=frozenset(self._fenced),
-            now=time.time(),
+            fenced=self._covered(),
+            now=time.monotonic(),
             revoke_timeout=self.settings.drain_timeout + self.settings.fence_grace,
+            fence_grace=self.settings.fence_grace,
         )
         capacities = {worker: registration.capacity for worker, registration in live.items()}
         decision = step(view, plan(view.buckets, capacities, committed_owners(view)), settled)
-        for bucket, owner in decision.stuck.items():
+        for bucket, (owner, waited) in decision.stuck.items():
             log.warning(
                 "bucket %d: worker %s did not release within %.0fs; fencing it",
                 bucket,
                 owner,
-                view.revoke_timeout,
+                waited,
             )
         try:
             await self._commit(decision.records, live, releases)
@@ -314,15 +366,34 @@ class Coordinator:
                 )
         return known
 
+    def _covered(self) -> frozenset[Incarnation]:
+        """Incarnations fenced since their newest connection was announced: a fenced worker that
+        reconnected has a connection no fence has closed yet."""
+        return frozenset(
+            incarnation
+            for incarnation, connection in self._fenced.items()
+            if self._sighting(incarnation).connection == connection
+        )
+
+    def _sighting(self, incarnation: Incarnation) -> Sighting:
+        """The incarnation's newest announced connection; one never seen (a new leader
+        continuing an old fence) counts as seen now, so its fence waits the full lag."""
+        if incarnation not in self._sightings:
+            self._sightings[incarnation] = Sighting("", time.monotonic())
+        return self._sightings[incarnation]
+
     def _note_membership(self, members: dict[str, Member]) -> None:
         current = {(w, m.registration.incarnation) for w, m in members.items()}
         for worker, member in members.items():
-            self._seen[(worker, member.registration.incarnation)] = member.registered_at
+            incarnation = (worker, member.registration.incarnation)
+            announced = member.registration.connection
+            if self._sightings.get(incarnation, Sighting("", 0)).connection != announced:
+                self._sightings[incarnation] = Sighting(announced, time.monotonic())
         # Forget incarnations that are neither live nor still named by a bucket record.
         named = {(r.owner, r.incarnation) for r in self._records.values() if r.owner}
         keep = current | {(str(w), str(i)) for w, i in named}
-        self._seen = {k: v for k, v in self._seen.items() if k in keep}
-        self._fenced &= keep
+        self._sightings = {k: v for k, v in self._sightings.items() if k in keep}
+        self._fenced = {k: v for k, v in self._fenced.items() if k in keep}
         if current != self._members:
             joined = sorted(w for w, _ in current - self._members)
             left = sorted(w for w, _ in self._members - current)
@@ -333,18 +404,18 @@ class Coordinator:
             self._changed_at = time.monotonic()
 
     def _start_fence(self, incarnation: Incarnation) -> None:
-        if incarnation in self._fencing or incarnation in self._fenced:
-            return
-        worker, life = incarnation
+        if incarnation not in self._fencing:
+            self._fencing[incarnation] = asyncio.ensure_future(self._cut_off(incarnation))
 
-        async def cut_off() -> None:
-            closed = await fence(
-                self._management,
-                worker,
-                life,
-                self._seen.get(incarnation),
-                self.settings.management_lag,
+    async def _cut_off(self, incarnation: Incarnation) -> None:
+        """Fence one incarnation: wait until its newest connection can be listed, then close
+        every connection of it that is listed."""
+        worker, life = incarnation
+        try:
+            covered = await wait_until_listable(
+                lambda: self._sighting(incarnation), self.settings.management_lag
             )
+            closed = await fence(self._management, worker, life, self._fencing_trouble)
             log.warning(
                 "fenced worker %s incarnation %s (%s)",
                 worker,
@@ -352,11 +423,19 @@ class Coordinator:
                 f"{closed} connection(s) closed" if closed else "no connection left",
             )
             self.metrics.fences.inc()
-            self._fenced.add(incarnation)
-            self._fencing.pop(incarnation, None)
+            self._fenced[incarnation] = covered.connection
+        finally:
+            if self._fencing.get(incarnation) is asyncio.current_task():
+                del self._fencing[incarnation]
             self._wake.set()
 
-        self._fencing[incarnation] = asyncio.ensure_future(cut_off())
+
+def _restarted_clocks(records: dict[int, BucketRecord]) -> dict[int, BucketRecord]:
+    """Moving buckets' ``since`` restarted on this process's monotonic clock: the previous
+    leader's clock means nothing here, so each pending revoke gets its full time again."""
+    now = time.monotonic()
+    moving = ("revoking", "fencing")
+    return {b: replace(r, since=now) if r.state in moving else r for b, r in records.items()}
 
 
 def _log_transition(bucket: int, before: BucketRecord, after: BucketRecord) -> None:

@@ -32,7 +32,6 @@ class Deposed(HashqError):
 @dataclass(frozen=True)
 class Member:
     registration: Registration
-    registered_at: float  # Unix time the registration node was created
 
 
 class Store:
@@ -47,8 +46,8 @@ class Store:
         found = {}
         for name in self.zk.get_children(self.paths.workers):
             try:
-                data, stat = self.zk.get(self.paths.worker(name))
-                found[name] = Member(Registration.decode(data), stat.ctime / 1000)
+                data, _ = self.zk.get(self.paths.worker(name))
+                found[name] = Member(Registration.decode(data))
             except (NoNodeError, ValueError, TypeError):
                 continue
         return found

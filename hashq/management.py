@@ -7,11 +7,12 @@ a connection. Calls are blocking; run them with ``asyncio.to_thread`` from async
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from hashq.errors import ServiceUnavailable
 from hashq.settings import Settings, redact_url
@@ -22,6 +23,23 @@ class _Unreachable(Exception):
     """A node's management API did not answer, or answered that it cannot serve now."""
 
 
+def without_credentials(url: str) -> str:
+    """``url`` without ``user:password@``: the credentials travel in the Authorization header
+    (``Settings.management_credentials``); left in the URL they would be taken for the host."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _decoded(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:  # a proxy's error page, or a reply cut short
+        raise _Unreachable(f"not JSON: {raw[:60]!r}") from None
+
+
 class Management:
     """Calls to ``settings.management_urls`` with the settings' credentials.
 
@@ -30,7 +48,7 @@ class Management:
     """
 
     def __init__(self, settings: Settings, timeout: float | None = None) -> None:
-        self._bases = list(settings.management_urls)
+        self._bases = [without_credentials(url) for url in settings.management_urls]
         self._context = tls_context(settings)
         user, password = settings.management_credentials
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
@@ -58,12 +76,10 @@ class Management:
             for name, value in (headers or {}).items():
                 req.add_header(name, value)
             try:
-                raw = self._send(req, method, path, missing_ok)
+                return _decoded(self._send(req, method, path, missing_ok))
             except _Unreachable as exc:
                 failures.append(f"{redact_url(base)}: {exc}")
                 self._bases.append(self._bases.pop(0))  # ask the next node first from now on
-                continue
-            return json.loads(raw) if raw else None
         raise ServiceUnavailable(f"management API cannot be reached at {'; '.join(failures)}")
 
     def _send(self, req: urllib.request.Request, method: str, path: str, missing_ok: bool) -> bytes:
@@ -81,6 +97,8 @@ class Management:
             ) from None
         except (urllib.error.URLError, OSError) as exc:
             raise _Unreachable(str(getattr(exc, "reason", exc))) from None
+        except http.client.HTTPException as exc:  # e.g. IncompleteRead: a reply cut short
+            raise _Unreachable(f"{type(exc).__name__}: {exc}") from None
 
     def _vhost_path(self, kind: str, name: str = "") -> str:
         path = f"/api/{kind}/{quote(self.vhost, safe='')}"

@@ -1,9 +1,9 @@
 """The worker's ZooKeeper side: its registration, the watch on its assignment, its session
 state, and the releases it writes.
 
-kazoo calls back on its own threads. Every callback crosses into asyncio in one place,
-``_to_loop``, which stores the newest value and wakes the worker's loop; the loop reads the
-values, never the callbacks.
+kazoo calls back on its own threads. Every callback crosses into asyncio with
+``call_soon_threadsafe`` to ``_take_session`` or ``_take_assignment``, which store the newest
+value and wake the worker's loop; the loop reads the values, never the callbacks.
 """
 
 from __future__ import annotations
@@ -15,13 +15,20 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, SessionExpiredError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+)
 from kazoo.recipe.watchers import DataWatch
 
-from hashq.errors import ConfigError, ServiceUnavailable
+from hashq.errors import ConfigError, HashqError, ServiceUnavailable
 from hashq.protocol import Assignment, Paths, Registration, Release
 from hashq.settings import Settings
 from hashq.zk import close_zk, connect_zk
@@ -40,6 +47,10 @@ class Session(enum.Enum):
     """Session expired: its grants are void. Cut off every bucket, then register afresh."""
 
 
+class RegistrationGone(HashqError):
+    """The registration is no longer this incarnation's (the session expired)."""
+
+
 class Membership:
     """Registration and assignment of one worker id; wakes ``changed`` on every change."""
 
@@ -54,6 +65,8 @@ class Membership:
         self.connection_name = ""
         self.session = Session.CONNECTED
         self.assignment: Assignment | None = None
+        self._assignment_zxid = -1  # of the newest assignment taken: older ones are stale
+        self._registration: Registration | None = None
         self.changed = wake
         self.on_unsafe: Callable[[], None] | None = None
         self._loop = asyncio.get_running_loop()
@@ -74,7 +87,7 @@ class Membership:
     def zk_connected(self) -> bool:
         return self._zk is not None and bool(self._zk.connected)
 
-    async def register(self, incarnation: str, connection_name: str) -> None:
+    async def register(self, incarnation: str, connection_name: str, drain_timeout: float) -> None:
         """Create the ephemeral registration of a new incarnation."""
         self.incarnation = incarnation
         self.connection_name = connection_name
@@ -85,8 +98,10 @@ class Membership:
             connection=connection_name,
             host=_hostname(),
             pid=_pid(),
+            drain_timeout=drain_timeout,
         )
         await asyncio.to_thread(self._create_registration, registration)
+        self._registration = registration
         self.session = Session.CONNECTED
         log.info("worker %s registered (incarnation %s)", self.worker_id, self.incarnation)
 
@@ -108,6 +123,41 @@ class Membership:
                     ) from None
                 log.info("waiting for an earlier registration of %s to expire", self.worker_id)
                 time.sleep(1)
+
+    async def announce(self, connection_name: str) -> None:
+        """Name a new AMQP connection of this incarnation in its registration, then read the
+        assignment afresh. Nothing may be consumed on the connection before both: a fence of
+        this incarnation then waits until the management API can list the connection, and the
+        grants consumed on it are at least as new as the announcement.
+
+        Raises ``RegistrationGone`` if the registration is no longer ours."""
+        assert self._registration is not None
+        announced = replace(self._registration, connection=connection_name)
+        await asyncio.to_thread(self._replace_registration, announced)
+        self._registration = announced
+        self.connection_name = connection_name
+        data, stat = await asyncio.to_thread(self._read_assignment)
+        self._take_assignment(data, stat)
+
+    def _replace_registration(self, registration: Registration) -> None:
+        assert self._zk is not None
+        path = self._paths.worker(self.worker_id)
+        try:
+            data, stat = self._zk.get(path)
+            if stat.ephemeralOwner != self._zk.client_id[0]:
+                raise RegistrationGone(f"worker {self.worker_id}: registration of another session")
+            if Registration.decode(data).incarnation != registration.incarnation:
+                raise RegistrationGone(f"worker {self.worker_id}: registration of another life")
+            self._zk.set(path, registration.encode(), version=stat.version)
+        except (NoNodeError, SessionExpiredError, BadVersionError):
+            raise RegistrationGone(f"worker {self.worker_id}: registration gone") from None
+
+    def _read_assignment(self) -> tuple[bytes | None, Any]:
+        assert self._zk is not None
+        try:
+            return self._zk.get(self._paths.assignment(self.worker_id))  # type: ignore[no-any-return]
+        except NoNodeError:
+            return None, None
 
     def _owned_by_us(self, path: str) -> bool:
         assert self._zk is not None
@@ -203,34 +253,36 @@ class Membership:
             KazooState.SUSPENDED: Session.SUSPENDED,
             KazooState.LOST: Session.LOST,
         }[state]
-        self._to_loop("session", session)
+        self._loop.call_soon_threadsafe(self._take_session, session)
 
     def _on_assignment(self, data: bytes | None, stat: Any) -> None:
+        self._loop.call_soon_threadsafe(self._take_assignment, data, stat)
+
+    def _take_assignment(self, data: bytes | None, stat: Any) -> None:
+        """Keep the assignment read, unless a newer one was kept already (the watch and
+        ``announce`` read it from different threads, so they may arrive out of order)."""
+        zxid = -1 if stat is None else int(stat.mzxid)
+        if stat is not None and zxid < self._assignment_zxid:
+            return
         assignment = None
         if data:
             try:
                 assignment = Assignment.decode(data)
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("unreadable assignment for %s: %r", self.worker_id, exc)
-        self._to_loop("assignment", assignment)
+        self._assignment_zxid = max(zxid, self._assignment_zxid)
+        self.assignment = assignment
+        self.changed.set()
 
-    def _to_loop(self, name: str, value: Any) -> None:
-        self._loop.call_soon_threadsafe(self._store, name, value)
-
-    def _store(self, name: str, value: Any) -> None:
-        if name == "session":
-            # LOST sticks until the worker has registered again: a later CONNECTED belongs to
-            # a new session whose registration does not exist yet. CONNECTED after SUSPENDED is
-            # taken only from ``confirm``, which checks the registration is still ours.
-            if value is Session.CONNECTED:
-                self.changed.set()
-                return
+    def _take_session(self, value: Session) -> None:
+        # LOST sticks until the worker has registered again: a later CONNECTED belongs to a new
+        # session whose registration does not exist yet. CONNECTED after SUSPENDED is taken
+        # only from ``confirm``, which checks the registration is still ours.
+        if value is not Session.CONNECTED:
             if self.session is not Session.LOST:
                 self.session = value
             if self.on_unsafe is not None:
                 self.on_unsafe()  # start nothing more before the loop has looked
-        else:
-            self.assignment = value
         self.changed.set()
 
 

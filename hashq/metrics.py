@@ -130,6 +130,11 @@ class CoordinatorMetrics:
             "hashq_zookeeper_connected", "1 while the ZooKeeper session is connected", registry=r
         )
         self.workers = Gauge("hashq_workers", "Registered workers", registry=r)
+        self.can_fence = Gauge(
+            "hashq_coordinator_can_fence",
+            "1 while the management API lets this coordinator list and close connections",
+            registry=r,
+        )
         self.grants = Counter(
             "hashq_bucket_grants",
             "Buckets granted at a new epoch: first grants and moves",

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-PROTOCOL_VERSION = 1
+# 2: a worker names each AMQP connection of an incarnation with a number and announces it in its
+# registration before consuming on it (a version-1 coordinator would not find such a connection
+# to fence, so it must grant such a worker nothing).
+PROTOCOL_VERSION = 2
 
 
 class BucketState(enum.Enum):
@@ -70,9 +74,16 @@ class Paths:
         return f"{self.root}/election"
 
 
-def worker_connection_name(worker_id: str, incarnation: str) -> str:
-    """The AMQP connection name of one worker incarnation: what the coordinator cuts off."""
-    return f"hashq-worker-{worker_id}-{incarnation}"
+def worker_connection_name(worker_id: str, incarnation: str, number: int = 1) -> str:
+    """The name of an incarnation's ``number``-th AMQP connection: each reconnect makes a new
+    one, announced in the registration before anything is consumed on it."""
+    return f"hashq-worker-{worker_id}-{incarnation}-{number}"
+
+
+def incarnation_connections(worker_id: str, incarnation: str) -> re.Pattern[str]:
+    """Matches the name of every connection of one incarnation (and the unnumbered name of a
+    protocol-1 worker): what a fence of that incarnation closes."""
+    return re.compile(re.escape(f"hashq-worker-{worker_id}-{incarnation}") + r"(-\d+)?")
 
 
 def release_name(index: int, epoch: int) -> str:
@@ -90,14 +101,19 @@ def _encode(record: Any) -> bytes:
     return json.dumps(asdict(record), sort_keys=True).encode()
 
 
-def _fields(data: bytes, what: str) -> dict[str, Any]:
+def _fields(data: bytes, what: str, record: type[Any] | None = None) -> dict[str, Any]:
+    """The record's fields; with ``record``, only those it knows, so that a field added by a
+    newer version is passed over (a rolling upgrade) rather than making the record unreadable."""
     try:
-        fields = json.loads(data)
+        found = json.loads(data)
     except ValueError:
         raise ValueError(f"unreadable {what} record") from None
-    if not isinstance(fields, dict):
+    if not isinstance(found, dict):
         raise ValueError(f"unreadable {what} record")
-    return fields
+    if record is None:
+        return found
+    known = {f.name for f in fields(record)}
+    return {name: value for name, value in found.items() if name in known}
 
 
 @dataclass(frozen=True)
@@ -111,14 +127,15 @@ class Registration:
     version: int = PROTOCOL_VERSION
     host: str = ""
     pid: int = 0
-    connection: str = ""  # the AMQP connection name, for fencing through the management API
+    connection: str = ""  # its current AMQP connection's name (see ``worker_connection_name``)
+    drain_timeout: float = 0.0  # how long it drains a revoked bucket; 0: unknown (protocol 1)
 
     def encode(self) -> bytes:
         return _encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> Registration:
-        return cls(**_fields(data, "registration"))
+        return cls(**_fields(data, "registration", cls))
 
 
 @dataclass(frozen=True)
@@ -163,7 +180,7 @@ class BucketRecord:
 
     @classmethod
     def decode(cls, data: bytes) -> BucketRecord:
-        return cls(**_fields(data, "bucket"))
+        return cls(**_fields(data, "bucket", cls))
 
     @property
     def bucket_state(self) -> BucketState:
@@ -182,7 +199,7 @@ class Leadership:
 
     @classmethod
     def decode(cls, data: bytes) -> Leadership:
-        return cls(**_fields(data, "leader"))
+        return cls(**_fields(data, "leader", cls))
 
 
 @dataclass(frozen=True)
@@ -200,4 +217,4 @@ class Release:
 
     @classmethod
     def decode(cls, data: bytes) -> Release:
-        return cls(**_fields(data, "release"))
+        return cls(**_fields(data, "release", cls))

@@ -23,9 +23,8 @@ from aio_pika.abc import AbstractConnection
 from hashq.amqp import close_quietly, connect_amqp, connection_usable
 from hashq.bucket import BucketLease
 from hashq.deadletter import DeadLetters
-from hashq.errors import HashqError
 from hashq.health import health_endpoints
-from hashq.membership import Membership, Session
+from hashq.membership import Membership, RegistrationGone, Session
 from hashq.metrics import WorkerMetrics
 from hashq.protocol import worker_connection_name
 from hashq.provision import ensure_topology
@@ -74,6 +73,7 @@ class Worker:
         self._dead_letters = DeadLetters(self.topology, self.worker_id)
         self._runners: Runners | None = None
         self._connection: AbstractConnection | None = None
+        self._connections_opened = 0  # by this incarnation: each is named with its number
         self._leases: dict[int, BucketLease] = {}
         self._revoking: dict[int, BucketLease] = {}  # draining; each has a task writing its release
         self._revoke_tasks: set[asyncio.Task[None]] = set()
@@ -251,10 +251,16 @@ class Worker:
 
     # ------------------------------------------------------------ connections and sessions
     async def _begin_incarnation(self) -> None:
+        """A new incarnation: its first connection, then its registration, which names it."""
         incarnation = self._membership.new_incarnation()
+        self._connections_opened = 1
         name = worker_connection_name(self.worker_id, incarnation)
         await self._open_connection(name)
-        await self._membership.register(incarnation, name)
+        try:
+            await self._membership.register(incarnation, name, self.settings.drain_timeout)
+        except BaseException:
+            await self._drop_connection()  # named for an incarnation that never registered
+            raise
 
     async def _open_connection(self, name: str) -> None:
         self._connection = await connect_amqp(self.settings, name)
@@ -267,30 +273,46 @@ class Worker:
             return True
         log.warning("AMQP connection lost; cutting off every bucket and reconnecting")
         await self._cut_off_all()
+        await self._drop_connection()
+        self._connections_opened += 1
+        incarnation = self._membership.incarnation
+        name = worker_connection_name(self.worker_id, incarnation, self._connections_opened)
         try:
-            await self._open_connection(self._membership.connection_name)
-        except HashqError as exc:
-            log.warning("%s; retrying", exc)
+            await self._open_connection(name)
+            # Announced before anything is consumed on it, so that a fence finds it.
+            await self._membership.announce(name)
+        except RegistrationGone as exc:
+            log.warning("%s; the session is lost", exc)
+            self._membership.session = Session.LOST
+            await self._drop_connection()
+            self._wake.set()
+            return False
+        except Exception as exc:
+            log.warning("reconnecting failed (%s); retrying", exc)
+            await self._drop_connection()
             await asyncio.sleep(RECONNECT_SECONDS)
             self._wake.set()
             return False
         return True
+
+    async def _drop_connection(self) -> None:
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            await close_quietly(connection)
 
     async def _fence_self(self) -> None:
         """Session lost: the grants are void. Cut everything off, then register afresh."""
         if self.state is not WorkerState.FENCED:
             self._transition(WorkerState.FENCED)
             await self._cut_off_all()
-            if self._connection is not None:
-                await close_quietly(self._connection)
-                self._connection = None
+            await self._drop_connection()
         if not self._membership.zk_connected:
             asyncio.get_running_loop().call_later(0.2, self._wake.set)
             return
         try:
             await self._begin_incarnation()
-        except HashqError as exc:
-            log.warning("registering again failed: %s; retrying", exc)
+        except Exception as exc:  # a ZooKeeper that flaps meanwhile must not end the worker
+            log.warning("registering again failed: %r; retrying", exc)
             await asyncio.sleep(RECONNECT_SECONDS)
             self._wake.set()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -13,8 +14,10 @@ from kazoo.client import KazooClient
 
 from hashq.management import Management
 from hashq.settings import Settings
+from tests.grants import Grants
 from tests.helpers import open_zk
 from tests.services import Endpoints, find_endpoints
+from tests.workers import StartWorker, WorkerProcess
 
 
 @pytest.fixture(scope="session")
@@ -103,3 +106,32 @@ def _admin(endpoints: Endpoints) -> Management:
 
 def admin_user(endpoints: Endpoints) -> str:
     return Settings(amqp_url=endpoints.amqp_url).management_credentials[0]
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Path:
+    """Where the test handlers append one JSON line per execution."""
+    return tmp_path / "executions.jsonl"
+
+
+@pytest.fixture
+def grants(initialized: Settings) -> Iterator[Grants]:
+    writer = Grants(initialized.zk_hosts, initialized.app)
+    yield writer
+    writer.close()
+
+
+@pytest.fixture
+def start_worker(initialized: Settings, record: Path, tmp_path: Path) -> Iterator[StartWorker]:
+    started: list[WorkerProcess] = []
+
+    def start(
+        worker_id: str, handler: str = "tests.handlers:record", **extra: str
+    ) -> WorkerProcess:
+        worker = WorkerProcess(initialized, worker_id, handler, record, tmp_path, extra)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

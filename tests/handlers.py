@@ -56,12 +56,3 @@ def record_sync(msg: Message) -> None:
     start = time.time()
     time.sleep(random.uniform(0, 0.004))
     _record(msg, start, "ok")
-
-
-async def stuck_once(msg: Message) -> None:
-    """Hangs on a first delivery whose body says "stuck"; a redelivery goes through."""
-    start = time.time()
-    if json.loads(msg.body).get("stuck") and not msg.redelivered:
-        await asyncio.sleep(3600)
-    await asyncio.sleep(random.uniform(0, 0.002))
-    _record(msg, start, "ok")

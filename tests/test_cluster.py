@@ -191,7 +191,7 @@ async def test_fencing_closes_a_connection_through_another_nodes_management_api(
             settings.model_copy(update={"management_url": cluster.management_urls[-1]})
         )
         await wait_for_connection(third, name)
-        assert await fence(third, "w-fenced", "incarnation1", None, lag=0) == 1
+        assert await fence(third, "w-fenced", "incarnation1") == 1
         await asyncio.wait_for(closed.wait(), timeout=10)
     finally:
         await close_quietly(connection)

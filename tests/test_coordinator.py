@@ -230,7 +230,11 @@ async def test_zombie_is_fenced_and_processes_nothing_more(
     zombie.signal(signal.SIGCONT)
 
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.missing, report.skipped_ahead) == ([], [])
+    # A handler the zombie had begun before it froze finishes when it thaws, perhaps beside its
+    # message's redelivery elsewhere: a lower epoch, which the fencing token covers. No other
+    # overlap is allowed.
+    assert _overlaps_but_the_frozen(records_of(record), "w1", stopped_at) == []
     moved_on = [
         r
         for r in records_of(record)
@@ -245,6 +249,29 @@ async def test_zombie_is_fenced_and_processes_nothing_more(
         if r["worker"] == "w1" and r["start"] > stopped_at and held.get(r["bucket"]) == r["epoch"]
     ]
     assert late == [], "the fenced worker went on processing its old buckets"
+
+
+def _overlaps_but_the_frozen(
+    runs: list[dict[str, Any]], frozen: str, stopped_at: float
+) -> list[tuple[str, int, int]]:
+    """Pairs of runs of one key that overlap in time, except where one of them is a run of the
+    ``frozen`` worker begun before it was stopped, at a lower epoch than the other."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run["outcome"] == "ok":
+            by_key.setdefault(run["key"], []).append(run)
+
+    def excused(zombie: dict[str, Any], other: dict[str, Any]) -> bool:
+        began_frozen = zombie["worker"] == frozen and zombie["start"] < stopped_at
+        return began_frozen and bool(zombie["epoch"] < other["epoch"])
+
+    found = []
+    for key, key_runs in by_key.items():
+        for first, second in itertools.combinations(key_runs, 2):
+            overlap = first["start"] < second["end"] and second["start"] < first["end"]
+            if overlap and not (excused(first, second) or excused(second, first)):
+                found.append((key, first["seq"], second["seq"]))
+    return found
 
 
 def cluster_log(process: WorkerProcess, name: str) -> str:
@@ -340,36 +367,28 @@ async def test_status_shows_leader_workers_and_owners(
     assert "leader: c1" in table and "handover in progress: no" in table
 
 
-async def test_a_worker_stuck_in_a_drain_is_fenced_and_named(
+async def test_a_worker_that_does_not_release_in_its_drain_timeout_is_fenced_and_named(
     initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
 ) -> None:
-    coordinator = cluster("c1", HASHQ_DRAIN_TIMEOUT="2", HASHQ_FENCE_GRACE="0.5")
-    patient = {"HASHQ_DRAIN_TIMEOUT": "120"}  # the worker itself would wait far longer
-    stuck = WorkerProcess(
-        initialized,
-        "w1",
-        "tests.handlers:stuck_once",
-        record,
-        record.parent,
-        {"HASHQ_ZK_SESSION_TIMEOUT": SESSION, **patient},
-    )
+    """The coordinator gives a revoked worker the drain timeout the worker registered, plus the
+    grace; one frozen before it could drain (its session outlives the freeze) is fenced after
+    that, named in one line, and its buckets go on elsewhere."""
+    coordinator = cluster("c1", HASHQ_DRAIN_TIMEOUT="60", HASHQ_FENCE_GRACE="0.5")
+    quick = {"HASHQ_DRAIN_TIMEOUT": "1", "HASHQ_ZK_SESSION_TIMEOUT": "10"}
+    frozen = cluster("w1", **quick)
+    await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1"}))
+    messages, expected = workload(keys=40, per_key=5)
+    await publish(initialized, messages)
+    cluster("w2", **quick)
+    frozen.stop_process()  # before it sees the revoke: it neither drains nor releases
     try:
-        await wait_until(lambda: all_granted(zk_view, initialized.buckets, {"w1"}))
-        messages = [
-            Outgoing(f"k{n}", json.dumps({"seq": 0, "stuck": n == 0}).encode()) for n in range(40)
-        ]
-        await publish(initialized, messages)
-        await asyncio.sleep(1.0)
-        cluster("w2", **patient)
         await wait_until(lambda: "did not release within" in coordinator.output(), within=30)
-        assert "worker w1 did not release" in coordinator.output()
+        assert "worker w1 did not release within 2s" in coordinator.output()  # 1 + 0.5, not 60
         await wait_until(lambda: "fenced worker w1" in coordinator.output(), within=30)
-        report = await asyncio.to_thread(
-            wait_for_executions, record, {f"k{n}": 1 for n in range(40)}, 60
-        )
-        assert report.missing == []
     finally:
-        stuck.stop()
+        frozen.signal(signal.SIGCONT)
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.missing, report.skipped_ahead) == ([], [])
 
 
 async def test_processing_goes_on_after_a_zookeeper_restart(

@@ -80,3 +80,13 @@ def test_management_goes_past_a_node_that_does_not_answer(
         Management(
             settings.model_copy(update={"management_url": f"http://127.0.0.1:{dead_port}"})
         ).connections()
+
+
+def test_a_management_url_with_credentials_in_it_works(settings: Settings) -> None:
+    """``http://user:password@host:port`` is the usual form: the credentials go into the
+    Authorization header, not into the host the request is sent to."""
+    user, password = settings.management_credentials
+    parts = urlsplit(settings.management_url)
+    with_credentials = urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.netloc}"))
+    management = Management(settings.model_copy(update={"management_url": with_credentials}))
+    assert isinstance(management.connections(), list)

@@ -8,11 +8,9 @@ import json
 import random
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from hashq.management import Management
 from hashq.provision import ensure_topology
@@ -20,38 +18,9 @@ from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings, WorkerSettings
 from tests.grants import Grants
 from tests.helpers import close_connection_named, drain, queue_depths, wait_for_connection
-from tests.workers import WorkerProcess, check, read_records, wait_for_executions
+from tests.workers import StartWorker, WorkerProcess, check, read_records, wait_for_executions
 
-StartWorker = Callable[..., WorkerProcess]
 DEFAULT_PREFETCH = WorkerSettings.model_fields["prefetch"].default
-
-
-@pytest.fixture
-def record(tmp_path: Path) -> Path:
-    return tmp_path / "executions.jsonl"
-
-
-@pytest.fixture
-def grants(initialized: Settings) -> Iterator[Grants]:
-    writer = Grants(initialized.zk_hosts, initialized.app)
-    yield writer
-    writer.close()
-
-
-@pytest.fixture
-def start_worker(initialized: Settings, record: Path, tmp_path: Path) -> Iterator[StartWorker]:
-    started: list[WorkerProcess] = []
-
-    def start(
-        worker_id: str, handler: str = "tests.handlers:record", **extra: str
-    ) -> WorkerProcess:
-        worker = WorkerProcess(initialized, worker_id, handler, record, tmp_path, extra)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
 
 
 def workload(keys: int, per_key: int, seed: int = 7) -> tuple[list[Outgoing], dict[str, int]]:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from examples.checker import Report, check, read_records
@@ -19,6 +20,7 @@ from tests.helpers import child_environment
 
 __all__ = [
     "Report",
+    "StartWorker",
     "WorkerProcess",
     "check",
     "read_records",
@@ -118,3 +120,6 @@ def wait_for_executions(path: Path, expected: dict[str, int], within: float) -> 
         if not report.missing or time.monotonic() > deadline:
             return report
         time.sleep(0.25)
+
+
+StartWorker = Callable[..., WorkerProcess]  # the ``start_worker`` fixture: id, handler, env

@@ -1,0 +1,183 @@
+"""The coordinator's fencing and election bookkeeping, each case a hole once found in it.
+
+Most cases run the real ``Coordinator`` object against the real ZooKeeper and RabbitMQ; where
+only a timing can expose a hole, the management API's answers are replaced and the rest is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kazoo.exceptions import ConnectionLoss
+
+import coordinator.service as service
+from coordinator.fence import fence
+from coordinator.handover import View, step
+from coordinator.service import Coordinator, Role
+from coordinator.settings import CoordinatorSettings
+from coordinator.store import Member, Store
+from hashq.protocol import BucketRecord, Registration, worker_connection_name
+from hashq.settings import Settings
+
+INCARNATION = ("w1", "i1")
+
+
+def _registration(number: int) -> Registration:
+    return Registration("w1", "i1", 1, connection=worker_connection_name("w1", "i1", number))
+
+
+def _coordinator_settings(settings: Settings, **changes: Any) -> CoordinatorSettings:
+    return CoordinatorSettings(**{**settings.model_dump(), "management_lag": 0, **changes})
+
+
+async def _fence_with_stub(coordinator: Coordinator, calls: list[float]) -> None:
+    coordinator._start_fence(INCARNATION)
+    await coordinator._fencing[INCARNATION]
+    assert calls, "the fence did not run"
+
+
+@pytest.fixture
+def stub_fence(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The management API's part of a fence replaced: records when each fence listed."""
+    calls: list[float] = []
+
+    async def listed(*_: Any, **__: Any) -> int:
+        calls.append(time.monotonic())
+        return 1
+
+    monkeypatch.setattr(service, "fence", listed)
+    return calls
+
+
+async def test_a_fenced_worker_that_reconnected_is_fenced_again(
+    settings: Settings, stub_fence: list[float]
+) -> None:
+    """A live worker, once fenced, reconnects under the same incarnation with a new connection.
+    A later fence of that incarnation must close the new connection: the old fence does not
+    cover it, so a bucket stuck in ``fencing`` is not granted before a second fence."""
+    coordinator = Coordinator(_coordinator_settings(settings))
+    coordinator._note_membership({"w1": Member(_registration(1))})
+    await _fence_with_stub(coordinator, stub_fence)
+    assert INCARNATION in coordinator._covered()
+
+    coordinator._note_membership({"w1": Member(_registration(2))})  # reconnected, announced
+    assert INCARNATION not in coordinator._covered()
+    stuck = BucketRecord("fencing", "w1", "i1", 3, target="w2")
+    view = View(1, {0: stuck}, {"w1": _registration(2)}, frozenset(), coordinator._covered(), 0, 1)
+    decision = step(view, {0: "w2"})
+    assert decision.fences == {INCARNATION} and 0 not in decision.records
+
+    await _fence_with_stub(coordinator, stub_fence)
+    assert len(stub_fence) == 2 and INCARNATION in coordinator._covered()
+
+
+async def test_a_fence_waits_until_the_newest_connection_can_be_listed(
+    settings: Settings, stub_fence: list[float]
+) -> None:
+    """The API lists a new connection only after a lag. A new leader has seen nothing yet, and
+    a reconnected worker's connection is new: either way the fence lists only once the lag has
+    passed since the connection was first known."""
+    lag = 0.6
+    coordinator = Coordinator(_coordinator_settings(settings, management_lag=lag))
+    began = time.monotonic()
+    coordinator._start_fence(INCARNATION)  # a new leader: never saw this incarnation
+    await asyncio.sleep(0.3)
+    coordinator._note_membership({"w1": Member(_registration(2))})  # announced meanwhile
+    await coordinator._fencing[INCARNATION]
+    assert stub_fence[0] - began >= 0.3 + lag - 0.05
+    assert INCARNATION in coordinator._covered()
+
+
+async def test_a_fence_goes_on_after_any_failure_of_the_management_api(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reply cut short (IncompleteRead) or one that is not JSON used to end the fence task,
+    leaving its bucket in ``fencing`` for good."""
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.failures: list[Exception] = [
+                http.client.IncompleteRead(b"[{"),
+                ValueError("Expecting value"),
+            ]
+            self.closed: list[str] = []
+
+        def connections(self) -> list[dict[str, Any]]:
+            if self.failures:
+                raise self.failures.pop(0)
+            return [{"name": "c", "user_provided_name": worker_connection_name("w1", "i1", 3)}]
+
+        def close_connection(self, name: str, reason: str) -> None:
+            self.closed.append(name)
+
+    flaky = Flaky()
+    told: list[str | None] = []
+    closed = await asyncio.wait_for(fence(flaky, "w1", "i1", told.append), 10)  # type: ignore[arg-type]
+    assert (closed, flaky.closed) == (1, ["c"])
+    assert told[-1] is None and len(told) == 3
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[Callable[[Coordinator], None]]:
+    """Runs coordinators in this process; each is stopped at the end."""
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    yield lambda coordinator: tasks.append(asyncio.ensure_future(coordinator._run(stop)))
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+
+async def _eventually(condition: Callable[[], bool], within: float = 20) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_failed_claim_gives_the_lock_back_and_the_coordinator_leads(
+    initialized: Settings,
+    running: Callable[[Coordinator], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ZooKeeper blips after the lock was taken: reading the records fails once. The held lock
+    used to be abandoned, and the next lock node queued behind it for ever: nobody could lead."""
+    real_records = Store.records
+    failures = [ConnectionLoss()]
+
+    def records(store: Store) -> dict[int, BucketRecord]:
+        if failures:
+            raise failures.pop()
+        return real_records(store)
+
+    monkeypatch.setattr(Store, "records", records)
+    coordinator = Coordinator(_coordinator_settings(initialized))
+    running(coordinator)
+    await _eventually(lambda: not failures)
+    await _eventually(lambda: coordinator.role is Role.LEADER)
+
+
+async def test_a_coordinator_that_cannot_fence_says_so_once(
+    initialized: Settings,
+    running: Callable[[Coordinator], None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without a working management API no dead worker's buckets can move: the coordinator
+    says so at start, in one line, and in its readiness and metrics."""
+    nowhere = _coordinator_settings(initialized, management_url="http://127.0.0.1:9")
+    coordinator = Coordinator(nowhere)
+    with caplog.at_level(logging.ERROR, logger="coordinator.service"):
+        running(coordinator)
+        await _eventually(lambda: coordinator.role is Role.LEADER)
+        ready, why = coordinator.readiness()  # said at start, before any fence is needed
+        assert not ready and "cannot fence" in why
+        assert coordinator.metrics.registry.get_sample_value("hashq_coordinator_can_fence") == 0
+        await asyncio.sleep(service.DEPTH_SECONDS + 1)  # a second probe says nothing more
+    assert not coordinator.readiness()[0]
+    said = [r for r in caplog.records if "cannot fence" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]

@@ -6,10 +6,14 @@ counts what went wrong.
   what a design had not processed when the run stopped waiting for it);
 - reordered: per key, the first execution of seq n started after an execution of a higher seq
   had completed (a repeat of an already executed seq is a redelivery, not a reordering);
-- overlapping: two executions of one key overlapping in time, split into those within one
-  epoch (a bug) and those where the older epoch belonged to a fenced zombie. A design without
-  a fencing token records epoch None: nothing downstream can tell its two executions apart,
-  so each of its overlaps counts as a same-epoch one;
+- overlapping: two executions of one key overlapping in time, each compared with every
+  execution of the key still going when it starts. Split into those within one epoch (a bug),
+  those where the older epoch's execution had started first and belonged to a fenced zombie,
+  and those where the older epoch's execution started *after* the newer one (a stale start, a
+  bug). A design without a fencing token records epoch None: nothing downstream can tell its
+  two executions apart, so each of its overlaps counts as a same-epoch one;
+- stale starts: an execution that starts at a lower epoch than one its bucket has already
+  started at. A fenced owner must start nothing more, whatever key it is;
 - duplicates: executions beyond the first of a message (at-least-once: counted, not failed).
 """
 
@@ -36,6 +40,8 @@ class Verdict:
     reordered: int = 0
     overlapping_same_epoch: int = 0
     overlapping_zombie: int = 0
+    overlapping_stale: int = 0
+    stale_starts: int = 0
     duplicates: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -44,7 +50,8 @@ class Verdict:
 
     @property
     def clean(self) -> bool:
-        return self.lost == 0 and self.reordered == 0 and self.overlapping_same_epoch == 0
+        bugs = (self.lost, self.reordered, self.overlapping_same_epoch, self.overlapping_stale)
+        return not any(bugs) and self.stale_starts == 0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -85,7 +92,26 @@ def judge(
             verdict.example("lost", f"{row['key']}#{row['seq']}")
     for key, runs in by_key.items():
         _judge_key(key, sorted(runs, key=lambda r: r["start"]), verdict)
+    _judge_stale_starts(executions, verdict)
     return verdict
+
+
+def _judge_stale_starts(executions: list[dict[str, Any]], verdict: Verdict) -> None:
+    """Per bucket, in order of start: a start below the highest epoch started so far. On equal
+    start times the lower epoch is taken to have started first."""
+    newest: dict[int, int] = {}
+    for run in sorted(executions, key=lambda r: (r["start"], r["epoch"] or 0)):
+        epoch, bucket = run["epoch"], run["bucket"]
+        if epoch is None:
+            continue
+        if epoch < newest.get(bucket, epoch):
+            verdict.stale_starts += 1
+            verdict.example(
+                "stale_starts",
+                f"bucket {bucket}: {run['key']}#{run['seq']} at epoch {epoch} after "
+                f"epoch {newest[bucket]} began",
+            )
+        newest[bucket] = max(epoch, newest.get(bucket, epoch))
 
 
 def _judge_key(key: str, runs: list[dict[str, Any]], verdict: Verdict) -> None:
@@ -93,7 +119,7 @@ def _judge_key(key: str, runs: list[dict[str, Any]], verdict: Verdict) -> None:
     seen: set[int] = set()
     running: list[tuple[float, int]] = []  # heap of (end, seq) not yet known to be finished
     highest_finished = -1
-    latest: dict[str, Any] | None = None  # the run that ends last so far
+    going: list[dict[str, Any]] = []  # runs that may still be going
     for run in runs:
         while running and running[0][0] <= run["start"]:
             highest_finished = max(highest_finished, heapq.heappop(running)[1])
@@ -105,13 +131,14 @@ def _judge_key(key: str, runs: list[dict[str, Any]], verdict: Verdict) -> None:
             verdict.example("reordered", f"{key}: {seq} after {highest_finished}")
         seen.add(seq)
         heapq.heappush(running, (run["end"], seq))
-        if latest is not None and latest["end"] > run["start"]:
-            _overlap(key, latest, run, verdict)
-        if latest is None or run["end"] > latest["end"]:
-            latest = run
+        going = [other for other in going if other["end"] > run["start"]]
+        for other in going:
+            _overlap(key, other, run, verdict)
+        going.append(run)
 
 
 def _overlap(key: str, first: dict[str, Any], second: dict[str, Any], verdict: Verdict) -> None:
+    """``first`` started no later than ``second``."""
     tokens = (first["epoch"], first["bucket"]), (second["epoch"], second["bucket"])
     if first["epoch"] is None or second["epoch"] is None or tokens[0] == tokens[1]:
         verdict.overlapping_same_epoch += 1
@@ -119,10 +146,10 @@ def _overlap(key: str, first: dict[str, Any], second: dict[str, Any], verdict: V
             "overlapping_same_epoch",
             f"{key}: {first['seq']} and {second['seq']} at epoch {first['epoch']}",
         )
-    else:
-        verdict.overlapping_zombie += 1
-        verdict.example(
-            "overlapping_zombie",
-            f"{key}: {first['seq']}@epoch {first['epoch']} "
-            f"and {second['seq']}@epoch {second['epoch']}",
-        )
+        return
+    kind = "overlapping_zombie" if first["epoch"] < second["epoch"] else "overlapping_stale"
+    setattr(verdict, kind, getattr(verdict, kind) + 1)
+    verdict.example(
+        kind,
+        f"{key}: {first['seq']}@epoch {first['epoch']} and {second['seq']}@epoch {second['epoch']}",
+    )

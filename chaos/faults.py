@@ -21,6 +21,7 @@ from hashq.zk import close_zk, connect_zk
 
 SERVICES = Path(__file__).resolve().parent.parent / "scripts" / "services.sh"
 SESSION_SECONDS = 4.0
+FAULT_KINDS = ("kill", "start", "term", "stop", "leader", "rabbitmq", "zookeeper")  # Chaos.kinds
 
 
 def say(text: str) -> None:
@@ -30,24 +31,36 @@ def say(text: str) -> None:
 class Chaos:
     """Draws and carries out faults; ``log`` lists what was done."""
 
-    def __init__(self, fleet: Fleet, design: Design, settings: Settings, seed: int) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        design: Design,
+        settings: Settings,
+        seed: int,
+        schedule: list[str] | None = None,
+    ) -> None:
         self.fleet = fleet
         self.design = design
         self.settings = settings
         self.rng = random.Random(seed)
+        # Fault kinds to carry out in turn, and then no more; None: each drawn from the seed.
+        self.schedule = None if schedule is None else list(schedule)
         self.log: list[dict[str, Any]] = []
         self._started = time.monotonic()
         self._serial = 0
 
-    def note(self, fault: str, target: str = "") -> dict[str, Any]:
+    def note(self, fault: str, target: str = "", took_effect: bool = True) -> dict[str, Any]:
+        """Log a fault once it was carried out, saying whether it took effect (a signal to a
+        process that had exited, or a restart that failed, did not)."""
         entry = {
             "at": round(time.monotonic() - self._started, 2),
             "wall": time.time(),
             "fault": fault,
             "target": target,
+            "took_effect": took_effect,
         }
         self.log.append(entry)
-        say(f"fault: {fault} {target}".rstrip())
+        say(f"fault: {fault} {target}".rstrip() + ("" if took_effect else " (NO EFFECT)"))
         return entry
 
     def start(self, kind: str) -> str:
@@ -58,17 +71,26 @@ class Chaos:
             return self.fleet.start(name, "-m", "coordinator.cli", "--coordinator-id", name)
         return self.fleet.start(name, *self.design.worker(name))
 
+    def kinds(self) -> dict[str, Callable[[], Any]]:
+        """Every fault, by the name ``--faults`` gives it (``FAULT_KINDS``)."""
+        return {
+            "kill": self.kill_worker,
+            "start": self.start_worker,
+            "term": self.term_worker,
+            "stop": self.stop_worker,
+            "leader": self.kill_leader,
+            "rabbitmq": lambda: self.restart("rabbitmq"),
+            "zookeeper": lambda: self.restart("zookeeper"),
+        }
+
     async def one(self) -> None:
-        faults: list[Callable[[], Any]] = [
-            self.kill_worker,
-            self.start_worker,
-            self.term_worker,
-            self.stop_worker,
-            self.kill_leader,
-            lambda: self.restart("rabbitmq"),
-            lambda: self.restart("zookeeper"),
-        ]
-        result = self.rng.choice(faults)()
+        if self.schedule is None:
+            kind = self.rng.choice(FAULT_KINDS)
+        elif self.schedule:
+            kind = self.schedule.pop(0)
+        else:
+            return  # the schedule is done: the run goes on without faults
+        result = self.kinds()[kind]()
         if asyncio.iscoroutine(result):
             await result
 
@@ -81,21 +103,20 @@ class Chaos:
 
     def kill_worker(self) -> None:
         if victim := self._victim():
-            self.fleet.signal(victim, signal.SIGKILL)
-            self.note("kill -9 worker", victim)
+            sent = self.fleet.signal(victim, signal.SIGKILL)
+            self.note("kill -9 worker", victim, sent and self.fleet.wait(victim, 5))
 
     def start_worker(self) -> None:
         self.note("start worker", self.start("worker"))
 
     def term_worker(self) -> None:
         if victim := self._victim():
-            self.fleet.signal(victim, signal.SIGTERM)
-            self.note("SIGTERM worker", victim)
+            self.note("SIGTERM worker", victim, self.fleet.signal(victim, signal.SIGTERM))
 
     async def stop_worker(self) -> None:
         if victim := self._victim():
-            self.fleet.signal(victim, signal.SIGSTOP)
-            entry = self.note("SIGSTOP worker", victim)
+            sent = self.fleet.signal(victim, signal.SIGSTOP)
+            entry = self.note("SIGSTOP worker", victim, sent and self.fleet.frozen(victim))
             await asyncio.sleep(SESSION_SECONDS * 2.5)
             self.fleet.signal(victim, signal.SIGCONT)
             entry["until"] = time.time()
@@ -107,17 +128,19 @@ class Chaos:
             return
         leader = await asyncio.to_thread(read_leader, self.settings)
         if leader and leader in self.fleet.processes:
-            self.fleet.signal(leader, signal.SIGKILL)
-            self.note("kill -9 leader", leader)
+            sent = self.fleet.signal(leader, signal.SIGKILL)
+            self.note("kill -9 leader", leader, sent and self.fleet.wait(leader, 5))
             self.start("coordinator")
+        else:
+            self.note("kill -9 leader", str(leader), took_effect=False)
 
     async def restart(self, service: str) -> None:
-        entry = self.note(f"restart {service}")
+        began = time.time()
         ok = await asyncio.to_thread(services, "restart", service)
         if not ok:  # a harness fault, not the design's: bring the service back
-            ok = await asyncio.to_thread(services, "up", service)
-        entry["until"] = time.time()
-        say(f"restart {service} {'done' if ok else 'FAILED'}")
+            await asyncio.to_thread(services, "up", service)
+        entry = self.note(f"restart {service}", took_effect=ok)
+        entry["wall"], entry["until"] = began, time.time()
 
 
 def services(command: str, service: str) -> bool:

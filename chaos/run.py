@@ -7,8 +7,9 @@ client, run as separate processes while faults kill, stop and restart them and r
 and ZooKeeper. The checker (``chaos.checker``) then reads what was confirmed, executed, dead-
 lettered and left in queues.
 
-Exit status 0 only if, for hashq, nothing was lost or reordered and no two executions of one
-key overlapped within one epoch. The baselines' counts are reported, not judged.
+Exit status 0 only if, for hashq, nothing was lost or reordered, no two executions of one key
+overlapped within one epoch, and no execution started at an epoch older than its bucket's
+newest (``chaos.checker``). The baselines' counts are reported, not judged.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from chaos.checker import judge, read_lines
 from chaos.designs import DESIGNS, Design, take_all
-from chaos.faults import SESSION_SECONDS, Chaos, say
+from chaos.faults import FAULT_KINDS, SESSION_SECONDS, Chaos, say
 from chaos.recovery import recoveries
 from hashq.fleet import Fleet
 from hashq.jsonl import count_lines
@@ -58,7 +59,8 @@ async def run_design(
         {"HASHQ_ZK_SESSION_TIMEOUT": str(SESSION_SECONDS), "HASHQ_CHAOS_RECORD": str(files.record)},
         cwd=ROOT,
     )
-    chaos = Chaos(fleet, design, settings, args.seed)
+    schedule = args.faults.split(",") if args.faults else None
+    chaos = Chaos(fleet, design, settings, args.seed, schedule)
     say(f"{design.title}: {args.duration:g}s of faults, seed {args.seed}; files in {files.folder}")
     try:
         if design.coordinated:
@@ -167,6 +169,8 @@ ROWS = [
     ("reordered", "reordered"),
     ("overlapping, same epoch/no token", "overlapping_same_epoch"),
     ("overlapping, fenced zombie", "overlapping_zombie"),
+    ("overlapping, stale start", "overlapping_stale"),
+    ("stale starts (older epoch)", "stale_starts"),
     ("duplicates", "duplicates"),
     ("dead-lettered", "dead_lettered"),
 ]
@@ -233,6 +237,12 @@ def main() -> int:
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--gap", type=float, default=8.0, help="mean seconds between faults")
     parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument(
+        "--faults",
+        help="comma-separated fault kinds to carry out in this order, and no others, instead of "
+        "drawing them: "
+        "kill, start, term, stop, leader, rabbitmq, zookeeper",
+    )
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait at the end")
     parser.add_argument("--app")
     parser.add_argument("--out")
@@ -241,6 +251,10 @@ def main() -> int:
     unknown = set(args.designs.split(",")) - set(DESIGNS)
     if unknown:
         parser.error(f"unknown design(s) {', '.join(sorted(unknown))}; known: {', '.join(DESIGNS)}")
+    unknown = set(args.faults.split(",") if args.faults else []) - set(FAULT_KINDS)
+    if unknown:
+        known = ", ".join(FAULT_KINDS)
+        parser.error(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {known}")
     args.out = args.out or tempfile.mkdtemp(prefix="hashq-chaos-")
     report = asyncio.run(run(args))
     path = Path(args.out, "report.json")

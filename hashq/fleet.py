@@ -18,6 +18,15 @@ from hashq.topology import Topology
 from hashq.zk import close_zk, connect_zk
 
 
+def process_state(pid: int) -> str:
+    """The process state letter from /proc (R, S, T, Z, ...); "" once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 class Fleet:
     """Named child processes; ``python -m <module> ...`` each, logging to ``<logs>/<name>.log``."""
 
@@ -51,9 +60,22 @@ class Fleet:
             if name.startswith(prefix) and process.poll() is None
         ]
 
-    def signal(self, name: str, number: int) -> None:
-        if self.processes[name].poll() is None:
-            self.processes[name].send_signal(number)
+    def signal(self, name: str, number: int) -> bool:
+        """Send ``number`` to ``name``; False if it had already exited."""
+        if self.processes[name].poll() is not None:
+            return False
+        self.processes[name].send_signal(number)
+        return True
+
+    def frozen(self, name: str, within: float = 5.0) -> bool:
+        """Whether ``name`` is stopped (SIGSTOP) within ``within`` seconds: the signal is
+        delivered asynchronously, so a process may still run a little after it was sent."""
+        deadline = time.monotonic() + within
+        while process_state(self.processes[name].pid) not in ("T", "t"):
+            if time.monotonic() > deadline or self.processes[name].poll() is not None:
+                return False
+            time.sleep(0.001)
+        return True
 
     def wait(self, name: str, within: float) -> bool:
         """Wait up to ``within`` seconds for ``name`` to exit; True if it did."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aio_pika.abc import AbstractIncomingMessage
 from kazoo.client import KazooClient
@@ -14,6 +15,8 @@ from hashq.amqp import connect_amqp
 from hashq.management import Management
 from hashq.settings import Settings
 from hashq.topology import Topology
+
+T = TypeVar("T")
 
 
 def child_environment(settings: Settings, **extra: str) -> dict[str, str]:
@@ -90,3 +93,15 @@ async def close_connection_named(management: Management, name: str) -> None:
             await asyncio.to_thread(management.close_connection, connection["name"], "test")
             return
     raise AssertionError(f"connection {name} not found")
+
+
+async def eventually(
+    condition: Callable[[], T | None], within: float = 60, every: float = 0.05
+) -> T:
+    """Poll ``condition`` until it returns something true, and return that; fail the test after
+    ``within`` seconds. The one polling helper of the tests."""
+    deadline = time.monotonic() + within
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"condition not reached within {within:g}s"
+        await asyncio.sleep(every)
+    return found

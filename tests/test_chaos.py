@@ -20,6 +20,15 @@ from tests.helpers import child_environment
 from tests.services import Endpoints
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every kind of fault, once, slow ones first so that all fit in the run: --faults name -> log.
+KINDS = {
+    "rabbitmq": "restart rabbitmq",
+    "stop": "SIGSTOP worker",
+    "leader": "kill -9 leader",
+    "zookeeper": "restart zookeeper",
+    "kill": "kill -9 worker",
+    "term": "SIGTERM worker",
+}
 
 
 def test_short_chaos_run_loses_and_reorders_nothing_where_the_naive_design_does(
@@ -35,11 +44,13 @@ def test_short_chaos_run_loses_and_reorders_nothing_where_the_naive_design_does(
             "--designs",
             "hashq,split",
             "--duration",
-            "45",
+            "70",
             "--seed",
             "11",
             "--gap",
-            "6",
+            "3",
+            "--faults",
+            ",".join(KINDS),
             "--rate",
             "400",
             "--keys",
@@ -67,15 +78,24 @@ def test_short_chaos_run_loses_and_reorders_nothing_where_the_naive_design_does(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # anything it left behind
-    designs = json.loads((tmp_path / "report.json").read_text())["designs"]
+    report = tmp_path / "report.json"
+    assert report.exists(), stdout[-3000:]
+    designs = json.loads(report.read_text())["designs"]
     hashq, naive = designs["hashq"]["verdict"], designs["split"]["verdict"]
     summary = stdout[-3000:]
     assert (hashq["lost"], hashq["unfinished"]) == (0, 0), summary
     assert hashq["reordered"] == 0, summary
-    assert hashq["overlapping_same_epoch"] == 0, summary
+    assert (hashq["overlapping_same_epoch"], hashq["overlapping_stale"]) == (0, 0), summary
+    assert hashq["stale_starts"] == 0, summary
+    assert hashq["dead_lettered"] == 0, summary  # the chaos handler never fails
     assert hashq["confirmed"] > 5_000, summary
-    assert len(designs["hashq"]["faults"]) >= 3, summary
-    assert designs["hashq"]["recovery"]["by_kind"], summary
+    faults = designs["hashq"]["faults"]
+    assert [f["fault"] for f in faults] == list(KINDS.values()), summary
+    assert all(f["took_effect"] for f in faults), faults
+    recovered = designs["hashq"]["recovery"]["faults"]
+    (frozen,) = [f for f in recovered if f["fault"] == "SIGSTOP worker"]
+    assert frozen["buckets"] >= 1, "the frozen worker held no bucket: nothing was tested"
+    assert frozen["recovered_s"] is not None and frozen["unrecovered"] == 0, frozen
     assert naive["confirmed"] > 5_000, summary
     assert naive["reordered"] + naive["overlapping_same_epoch"] > 0, summary
     assert process.returncode == 0, summary

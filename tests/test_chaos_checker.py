@@ -59,7 +59,12 @@ def test_a_lower_seq_after_a_higher_one_completed_is_a_reordering() -> None:
 
 
 def test_a_repeat_of_a_message_in_flight_at_a_crash_is_a_duplicate_not_a_reordering() -> None:
-    history = [run("a", 0, 0, 1), run("a", 1, 1, 2), run("a", 1, 3, 4, epoch=2), run("a", 2, 4, 5)]
+    history = [
+        run("a", 0, 0, 1),
+        run("a", 1, 1, 2),
+        run("a", 1, 3, 4, epoch=2),
+        run("a", 2, 4, 5, epoch=2),
+    ]
     verdict = judge(sent(("a", 0), ("a", 1), ("a", 2)), history, set())
     assert (verdict.reordered, verdict.duplicates) == (0, 1)
     assert verdict.clean
@@ -77,6 +82,55 @@ def test_overlaps_are_split_by_fencing_token() -> None:
     assert (zombie.overlapping_same_epoch, zombie.overlapping_zombie) == (0, 1)
     assert (no_token.overlapping_same_epoch, no_token.overlapping_zombie) == (1, 0)
     assert zombie.clean and not same_epoch.clean and not no_token.clean
+
+
+def test_a_same_epoch_overlap_is_seen_while_an_older_epoch_run_is_still_going() -> None:
+    """The first checker compared each run only with the one ending last so far (here the
+    zombie), and called the pair a zombie overlap."""
+    history = [
+        run("a", 0, 0, 10, epoch=1, worker="zombie"),
+        run("a", 1, 2, 4, epoch=2, worker="w2"),
+        run("a", 2, 3, 5, epoch=2, worker="w2"),
+    ]
+    verdict = judge(sent(("a", 0), ("a", 1), ("a", 2)), history, set())
+    assert (verdict.overlapping_zombie, verdict.overlapping_same_epoch) == (2, 1)
+    assert not verdict.clean
+
+
+def test_an_older_epoch_starting_after_a_newer_one_began_is_a_stale_start() -> None:
+    """A fenced owner starts nothing more: not the key the new owner runs, nor any other."""
+    other_key = judge(
+        sent(("a", 0), ("b", 0)),
+        [run("a", 0, 0, 1, epoch=2, worker="w2"), run("b", 0, 2, 3, epoch=1, worker="w1")],
+        set(),
+    )
+    same_key = judge(
+        sent(("a", 0), ("a", 1)),
+        [run("a", 1, 0, 2, epoch=2, worker="w2"), run("a", 0, 1, 3, epoch=1, worker="w1")],
+        set(),
+    )
+    assert (other_key.stale_starts, other_key.overlapping_zombie) == (1, 0)
+    assert (same_key.stale_starts, same_key.overlapping_stale) == (1, 1)
+    assert not other_key.clean and not same_key.clean
+    assert other_key.examples["stale_starts"] == ["bucket 0: b#0 at epoch 1 after epoch 2 began"]
+
+
+def test_two_live_owners_alternating_epochs_are_stale_starts() -> None:
+    history = [
+        run("a", 0, 0, 1, epoch=1, worker="w1"),
+        run("a", 1, 1, 2, epoch=2, worker="w2"),
+        run("a", 2, 2, 3, epoch=1, worker="w1"),
+        run("a", 3, 3, 4, epoch=2, worker="w2"),
+    ]
+    verdict = judge(sent(*(("a", n) for n in range(4))), history, set())
+    assert verdict.stale_starts == 1 and not verdict.clean
+
+
+def test_a_zombie_run_begun_before_the_new_epoch_is_no_stale_start() -> None:
+    history = [run("a", 0, 0, 5, epoch=1, worker="w1"), run("a", 0, 1, 2, epoch=2, worker="w2")]
+    verdict = judge(sent(("a", 0)), history, set())
+    assert (verdict.stale_starts, verdict.overlapping_zombie, verdict.duplicates) == (0, 1, 1)
+    assert verdict.clean
 
 
 def fault(kind: str, target: str, wall: float, until: float | None = None) -> dict[str, Any]:

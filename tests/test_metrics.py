@@ -8,7 +8,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hashq.health import HealthServer
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
+from tests.helpers import eventually
 from tests.workers import WorkerProcess, start_coordinator, wait_for_executions
 
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -53,14 +54,6 @@ def scrape(port: int) -> Scrape:
 def total(samples: Scrape, name: str, **labels: str) -> float:
     wanted = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
-
-
-async def eventually(check: Callable[[], bool], within: float = 60) -> None:
-    for _ in range(int(within / 0.25)):
-        if await asyncio.to_thread(check):
-            return
-        await asyncio.sleep(0.25)
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from examples.checker import Report, check, read_records
+from hashq.fleet import process_state
 from hashq.settings import Settings
 from tests.helpers import child_environment
 
 __all__ = [
+    "SESSION",
     "Report",
     "StartWorker",
     "WorkerProcess",
@@ -28,6 +30,9 @@ __all__ = [
     "stop_cleanly",
     "wait_for_executions",
 ]
+
+
+SESSION = "2"  # seconds: short ZooKeeper sessions make failover quick to test
 
 
 class WorkerProcess:
@@ -66,7 +71,7 @@ class WorkerProcess:
         Until then the process may still start work: the signal is delivered asynchronously."""
         self.signal(signal.SIGSTOP)
         deadline = time.monotonic() + within
-        while _state(self.process.pid) not in ("T", "t"):
+        while process_state(self.process.pid) not in ("T", "t"):
             assert time.monotonic() < deadline, "the process did not stop"
             time.sleep(0.001)
         return time.time()
@@ -86,12 +91,6 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
-
-
-def _state(pid: int) -> str:
-    """The process state letter from /proc (R, S, T, Z, ...)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def stop_cleanly(worker: WorkerProcess, *others: WorkerProcess) -> None:

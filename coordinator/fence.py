@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ class Sighting:
 
     connection: str
     since: float
+    liveness: bool = False  # the worker holds a liveness queue (protocol 2): see liveness.py
 
 
 async def wait_until_listable(current: Callable[[], Sighting], lag: float) -> Sighting:
@@ -52,10 +53,15 @@ async def wait_until_listable(current: Callable[[], Sighting], lag: float) -> Si
 
 
 async def fence(
-    management: Management, worker_id: str, incarnation: str, trouble: Trouble | None = None
+    management: Management,
+    worker_id: str,
+    incarnation: str,
+    trouble: Trouble | None = None,
+    gone: Callable[[], Awaitable[bool]] | None = None,
 ) -> int:
     """Close every listed connection of the incarnation; returns how many were closed. Retries,
-    whatever goes wrong, until the management API lets it finish; ``trouble`` hears why."""
+    whatever goes wrong, until the management API lets it finish, or until ``gone`` says no
+    connection of the incarnation is left (then 0); ``trouble`` hears why it cannot."""
     pattern = incarnation_connections(worker_id, incarnation)
     reason = f"hashq: worker {worker_id} incarnation {incarnation} fenced"
     while True:
@@ -67,6 +73,8 @@ async def fence(
         except Exception as exc:  # any failure leaves the fence undone: it must be retried
             if trouble is not None:
                 trouble(f"fencing worker {worker_id} failed: {exc}")
+            if gone is not None and await gone():
+                return 0
             await asyncio.sleep(RETRY_SECONDS)
             continue
         if trouble is not None:

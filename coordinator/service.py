@@ -21,13 +21,12 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.lock import Lock
 from kazoo.recipe.watchers import ChildrenWatch
 
-from coordinator.fence import Sighting, fence, wait_until_listable
+from coordinator.fencing import Fencer
 from coordinator.handover import Incarnation, View, assignments, committed_owners, step
 from coordinator.planner import plan
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Deposed, Member, Store
 from hashq.health import health_endpoints
-from hashq.management import Management
 from hashq.metrics import CoordinatorMetrics
 from hashq.protocol import PROTOCOL_VERSION, Assignment, BucketRecord, Paths, Registration
 from hashq.provision import ensure_topology
@@ -58,7 +57,6 @@ class Coordinator:
         self._paths = Paths(settings.app)
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        self._management = Management(settings)
         self._zk: KazooClient | None = None
         self._store: Store | None = None
         self._lock: Lock | None = None
@@ -68,12 +66,9 @@ class Coordinator:
         self._written: dict[str, Assignment] = {}
         self._members: set[Incarnation] = set()
         self._changed_at = 0.0
-        self._sightings: dict[Incarnation, Sighting] = {}  # newest connection of each
-        self._fenced: dict[Incarnation, str] = {}  # the newest connection a fence covered
-        self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
-        self.cannot_fence: str | None = None  # why the management API cannot fence, if it can't
         self._refused: set[Incarnation] = set()  # registrations of a newer protocol
         self.metrics = CoordinatorMetrics()
+        self.fencer = Fencer(settings, self.me, self.metrics, self._wake.set)
         self._measure()
 
     def _measure(self) -> None:
@@ -81,7 +76,7 @@ class Coordinator:
         in_transit = ("revoking", "fencing")
         self.metrics.leader.set_function(lambda: 1 if self.role is Role.LEADER else 0)
         self.metrics.zk_connected.set_function(lambda: 1 if self.zk_connected else 0)
-        self.metrics.can_fence.set_function(lambda: 0 if self.cannot_fence else 1)
+        self.metrics.can_fence.set_function(lambda: 0 if self.fencer.cannot_fence else 1)
         self.metrics.workers.set_function(lambda: len(self._members))
         self.metrics.in_transit.set_function(
             lambda: sum(1 for r in self._records.values() if r.state in in_transit)
@@ -96,23 +91,9 @@ class Coordinator:
         the management API no dead or stuck worker's buckets can move)."""
         if self.role is Role.STOPPED or not self.zk_connected:
             return False, f"coordinator {self.me}: not connected to ZooKeeper"
-        if self.cannot_fence:
-            return False, f"coordinator {self.me}: cannot fence: {self.cannot_fence}"
+        if self.fencer.cannot_fence:
+            return False, f"coordinator {self.me}: cannot fence: {self.fencer.cannot_fence}"
         return True, f"coordinator {self.me}: {self.role.value}"
-
-    def _fencing_trouble(self, why: str | None) -> None:
-        """Record whether fencing works; said once when it stops working and once when it works
-        again, not at every retry."""
-        if why and not self.cannot_fence:
-            log.error(
-                "coordinator %s cannot fence: %s; the buckets of a dead or stuck worker stay "
-                "where they are until the management API answers (HASHQ_MANAGEMENT_URL)",
-                self.me,
-                why,
-            )
-        elif why is None and self.cannot_fence:
-            log.info("coordinator %s: the management API answers; fencing works again", self.me)
-        self.cannot_fence = why
 
     # ------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
@@ -121,7 +102,7 @@ class Coordinator:
 
     async def _run(self, stop: asyncio.Event) -> None:
         topology = await ensure_topology(self.settings, check_bindings=False)
-        await self._probe_management()
+        await self.fencer.start(topology)
         zk = await asyncio.to_thread(connect_zk, self.settings)
         self._zk = zk
         self._store = Store(zk, self._paths, topology.buckets)
@@ -141,6 +122,7 @@ class Coordinator:
             await asyncio.gather(campaign, depths, return_exceptions=True)
             await self._resign("stopping")
             self.role = Role.STOPPED
+            await self.fencer.close()
             await asyncio.to_thread(close_zk, zk)
 
     async def _wait(self, stop: asyncio.Event) -> None:
@@ -163,26 +145,16 @@ class Coordinator:
             log.warning("coordinator %s: ZooKeeper session lost; no longer leader", self.me)
             self._demote()
 
-    async def _probe_management(self) -> None:
-        """Whether the management API lets this coordinator list connections, which every
-        fence needs: checked at start and every few seconds, for readiness and metrics."""
-        try:
-            await asyncio.to_thread(self._management.connections)
-        except Exception as exc:
-            self._fencing_trouble(f"the management API does not list connections: {exc}")
-        else:
-            self._fencing_trouble(None)
-
     async def _watch_management(self, topology: Topology) -> None:
         """Check the management API can fence; while leading, also read each bucket queue's
         depth (the lag) for the metrics."""
         while True:
             await asyncio.sleep(DEPTH_SECONDS)
-            await self._probe_management()
+            await self.fencer.probe()
             if self.role is not Role.LEADER:
                 continue
             try:
-                depths = await asyncio.to_thread(self._management.queue_depths)
+                depths = await asyncio.to_thread(self.fencer.management.queue_depths)
             except Exception as exc:
                 log.debug("reading queue depths: %r", exc)
                 continue
@@ -252,9 +224,7 @@ class Coordinator:
     def _demote(self) -> None:
         self.role = Role.CANDIDATE
         self._records, self._written = {}, {}
-        for task in self._fencing.values():
-            task.cancel()
-        self._fencing.clear()
+        self.fencer.cancel_all()
 
     async def _resign(self, why: str) -> None:
         if self._lock is not None:
@@ -286,7 +256,7 @@ class Coordinator:
             records=self._records,
             workers=live,
             releases=frozenset(releases),
-            fenced=self._covered(),
+            fenced=self.fencer.covered(),
             now=time.monotonic(),
             revoke_timeout=self.settings.drain_timeout + self.settings.fence_grace,
             fence_grace=self.settings.fence_grace,
@@ -307,7 +277,7 @@ class Coordinator:
             await self._resign("deposed")
             return
         for incarnation in decision.fences:
-            self._start_fence(incarnation)
+            self.fencer.start_fence(incarnation)
 
     async def _commit(
         self,
@@ -366,34 +336,12 @@ class Coordinator:
                 )
         return known
 
-    def _covered(self) -> frozenset[Incarnation]:
-        """Incarnations fenced since their newest connection was announced: a fenced worker that
-        reconnected has a connection no fence has closed yet."""
-        return frozenset(
-            incarnation
-            for incarnation, connection in self._fenced.items()
-            if self._sighting(incarnation).connection == connection
-        )
-
-    def _sighting(self, incarnation: Incarnation) -> Sighting:
-        """The incarnation's newest announced connection; one never seen (a new leader
-        continuing an old fence) counts as seen now, so its fence waits the full lag."""
-        if incarnation not in self._sightings:
-            self._sightings[incarnation] = Sighting("", time.monotonic())
-        return self._sightings[incarnation]
-
     def _note_membership(self, members: dict[str, Member]) -> None:
         current = {(w, m.registration.incarnation) for w, m in members.items()}
-        for worker, member in members.items():
-            incarnation = (worker, member.registration.incarnation)
-            announced = member.registration.connection
-            if self._sightings.get(incarnation, Sighting("", 0)).connection != announced:
-                self._sightings[incarnation] = Sighting(announced, time.monotonic())
-        # Forget incarnations that are neither live nor still named by a bucket record.
+        # Fence bookkeeping keeps incarnations that are live or still named by a bucket record.
         named = {(r.owner, r.incarnation) for r in self._records.values() if r.owner}
         keep = current | {(str(w), str(i)) for w, i in named}
-        self._sightings = {k: v for k, v in self._sightings.items() if k in keep}
-        self._fenced = {k: v for k, v in self._fenced.items() if k in keep}
+        self.fencer.note({w: m.registration for w, m in members.items()}, keep)
         if current != self._members:
             joined = sorted(w for w, _ in current - self._members)
             left = sorted(w for w, _ in self._members - current)
@@ -402,32 +350,6 @@ class Coordinator:
             )
             self._members = current
             self._changed_at = time.monotonic()
-
-    def _start_fence(self, incarnation: Incarnation) -> None:
-        if incarnation not in self._fencing:
-            self._fencing[incarnation] = asyncio.ensure_future(self._cut_off(incarnation))
-
-    async def _cut_off(self, incarnation: Incarnation) -> None:
-        """Fence one incarnation: wait until its newest connection can be listed, then close
-        every connection of it that is listed."""
-        worker, life = incarnation
-        try:
-            covered = await wait_until_listable(
-                lambda: self._sighting(incarnation), self.settings.management_lag
-            )
-            closed = await fence(self._management, worker, life, self._fencing_trouble)
-            log.warning(
-                "fenced worker %s incarnation %s (%s)",
-                worker,
-                life,
-                f"{closed} connection(s) closed" if closed else "no connection left",
-            )
-            self.metrics.fences.inc()
-            self._fenced[incarnation] = covered.connection
-        finally:
-            if self._fencing.get(incarnation) is asyncio.current_task():
-                del self._fencing[incarnation]
-            self._wake.set()
 
 
 def _restarted_clocks(records: dict[int, BucketRecord]) -> dict[int, BucketRecord]:

@@ -72,6 +72,12 @@ class Job:
         self.handler_task.cancel()
 
 
+def is_consumer_timeout(reason: str) -> bool:
+    """Whether a channel's close reason is RabbitMQ's ``consumer_timeout`` ("delivery
+    acknowledgement on channel N timed out")."""
+    return "acknowledgement" in reason and "timed out" in reason
+
+
 def deliver_frame(delivery: DeliveredMessage) -> spec.Basic.Deliver:
     frame = delivery.delivery
     assert isinstance(frame, spec.Basic.Deliver), frame
@@ -106,6 +112,7 @@ class BucketLease:
         self._idle.set()
         self._settled = asyncio.Event()
         self._settled.set()
+        self.close_reason = ""  # why the broker closed the channel, if it did
 
     def __repr__(self) -> str:
         return f"<bucket {self.bucket} epoch {self.epoch} {self.state.value}>"
@@ -115,9 +122,20 @@ class BucketLease:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=prefetch)
         self._channel = await channel.get_underlay_channel()
+        self._channel.closing.add_done_callback(self._note_close)
         self._acker = Acker(self._channel, self._ack_batch, self.bucket)
         result = await self._channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
         self._consumer_tag = result.consumer_tag
+
+    def _note_close(self, closed: asyncio.Future[object]) -> None:
+        if not closed.cancelled() and closed.exception() is not None:
+            self.close_reason = str(closed.exception())
+
+    @property
+    def consumer_timed_out(self) -> bool:
+        """The broker closed the channel because a delivery stayed unacknowledged longer than
+        its ``consumer_timeout``: every message held went back and counts as a delivery."""
+        return is_consumer_timeout(self.close_reason)
 
     async def _on_delivery(self, delivery: DeliveredMessage) -> None:
         # Callbacks may run out of order; delivery tags restore the queue's order.
@@ -160,8 +178,9 @@ class BucketLease:
         if not self._running:
             self._settled.set()
 
-    async def settled(self, within: float) -> bool:
-        """Wait until no handler of this lease runs any more (threads included)."""
+    async def settled(self, within: float | None) -> bool:
+        """Wait (at most ``within`` seconds; None: for as long as it takes) until no handler of
+        this lease runs any more (threads included)."""
         if not self._running:
             return True
         try:
@@ -250,3 +269,15 @@ class BucketLease:
     @property
     def channel_alive(self) -> bool:
         return self._channel is not None and not self._channel.is_closed
+
+    @property
+    def consumer_cancelled(self) -> bool:
+        """The broker cancelled the consumer (``basic.cancel``: the queue was deleted, for
+        instance) while the channel lives on: nothing arrives any more."""
+        consumers = getattr(self._channel, "consumers", None)  # aiormq's, by consumer tag
+        return (
+            self.state is LeaseState.CONSUMING
+            and consumers is not None
+            and self._consumer_tag is not None
+            and self._consumer_tag not in consumers
+        )

@@ -67,6 +67,7 @@ class Membership:
         self.assignment: Assignment | None = None
         self._assignment_zxid = -1  # of the newest assignment taken: older ones are stale
         self._registration: Registration | None = None
+        self._doubts = 0  # pauses and disconnects seen: a verdict asked for before one is stale
         self.changed = wake
         self.on_unsafe: Callable[[], None] | None = None
         self._loop = asyncio.get_running_loop()
@@ -182,16 +183,22 @@ class Membership:
 
     def suspect(self) -> None:
         """The process may have been paused: act as SUSPENDED until ``confirm`` says otherwise."""
+        self._doubts += 1
         if self.session is Session.CONNECTED:
             self.session = Session.SUSPENDED
         self.changed.set()
 
     async def confirm(self) -> None:
-        """While SUSPENDED: ask ZooKeeper whether our registration (hence our session) lives."""
+        """While SUSPENDED: ask ZooKeeper whether our registration (hence our session) lives.
+        An answer is dropped if a pause or a disconnect was seen while it was on its way: the
+        session may have expired after ZooKeeper answered (the worker then asks again)."""
+        doubts = self._doubts
         try:
             verdict = await asyncio.wait_for(asyncio.to_thread(self._probe), 5)
         except TimeoutError:
             verdict = Session.SUSPENDED
+        if doubts != self._doubts:
+            return
         if self.session is Session.SUSPENDED and verdict is not Session.SUSPENDED:
             log.info("worker %s: ZooKeeper session %s", self.worker_id, verdict.value)
             self.session = verdict
@@ -279,6 +286,7 @@ class Membership:
         # session whose registration does not exist yet. CONNECTED after SUSPENDED is taken
         # only from ``confirm``, which checks the registration is still ours.
         if value is not Session.CONNECTED:
+            self._doubts += 1
             if self.session is not Session.LOST:
                 self.session = value
             if self.on_unsafe is not None:

@@ -57,6 +57,7 @@ class WorkerMetrics(Collector):
         self.handler_seconds = Durations(HANDLER_SECONDS)
         self.drain_seconds = Durations(DRAIN_SECONDS)
         self.handovers = 0
+        self.consumer_timeouts = 0
         self.state = states[0]
         self.states = states
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
@@ -106,6 +107,11 @@ class WorkerMetrics(Collector):
         yield self.drain_seconds.family("hashq_drain_seconds", "From revocation to release")
         yield CounterMetricFamily(
             "hashq_handovers", "Buckets this worker drained and released", value=self.handovers
+        )
+        yield CounterMetricFamily(
+            "hashq_consumer_timeouts",
+            "Bucket channels RabbitMQ closed for a delivery held past its consumer_timeout",
+            value=self.consumer_timeouts,
         )
         state = GaugeMetricFamily(
             "hashq_worker_state", "1 for the state the worker is in", labels=["state"]

@@ -97,7 +97,14 @@ def write_record(zk: KazooClient, topology: Topology) -> None:
 async def ensure_ring(connection: AbstractConnection, topology: Topology) -> None:
     """Declare the ring, bind it to every bucket in index order, then bind the entry exchange to
     it. Safe to run from many processes at once: each adds bindings in the same order, and the
-    entry binding comes only after all N exist."""
+    entry binding comes only after all N exist.
+
+    Refuses (``TopologyMismatch``, nothing declared) when the app has more bucket queues than
+    ``topology`` names, and fails on the first missing one when it has fewer: a ring is only
+    ever built over exactly the app's bucket queues. A process whose ``HASHQ_BUCKETS`` is
+    wrong (a publisher left at the default against an app of 128) would otherwise build a
+    smaller ring that workers later extend, and keys would change bucket twice."""
+    await _require_no_bucket_beyond(connection, topology)
     async with _refusals_as_mismatch(topology), _channel(connection) as channel:
         ring = await channel.declare_exchange(
             topology.ring_exchange,
@@ -109,6 +116,19 @@ async def ensure_ring(connection: AbstractConnection, topology: Topology) -> Non
             queue = await channel.declare_queue(name, passive=True)
             await queue.bind(ring, routing_key=BUCKET_WEIGHT)
         await ring.bind(topology.exchange)
+
+
+async def _require_no_bucket_beyond(connection: AbstractConnection, topology: Topology) -> None:
+    beyond = topology.queue_beyond
+    async with _refusals_as_mismatch(topology), _channel(connection) as channel:
+        try:
+            await channel.declare_queue(beyond, passive=True)
+        except ChannelNotFoundEntity:
+            return
+    raise TopologyMismatch(
+        f"app {topology.app!r} has a bucket queue {beyond}, so more than the {topology.buckets} "
+        "buckets this process's settings name (HASHQ_BUCKETS): the ring was not built"
+    )
 
 
 async def ring_exists(connection: AbstractConnection, topology: Topology) -> bool:

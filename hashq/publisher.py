@@ -279,21 +279,30 @@ class Publisher:
         opened = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await self._passive_exchange(opened)
         if not await ring_exists(connection, self._topology):
-            await self._repair_ring(time.monotonic())
+            try:
+                await self._repair_ring(time.monotonic(), refuse_mismatch=True)
+            except TopologyMismatch:
+                await self.close()  # settings that disagree with the app: refuse, build nothing
+                raise
         underlay = await opened.get_underlay_channel()
         assert isinstance(underlay, aiormq.Channel)  # for basic_publish(wait=False)
         return underlay
 
-    async def _repair_ring(self, since: float) -> None:
+    async def _repair_ring(self, since: float, *, refuse_mismatch: bool = False) -> None:
         """Rebuild the ring unless that was done after ``since``: after a broker restart the
         ring is gone, and the first returned message brings it back for the next publish. The
         message itself is not re-sent here, since that could overtake later messages of its key.
-        """
+        With ``refuse_mismatch``, settings that disagree with the app's queues raise
+        ``TopologyMismatch`` instead of being logged."""
         async with self._ring_lock:
             if self._ring_checked_at > since or self._connection is None:
                 return
             try:
                 await ensure_ring(self._connection, self._topology)
+            except TopologyMismatch as mismatch:
+                if refuse_mismatch:
+                    raise
+                log.error("the ring of %s was not rebuilt: %s", self._topology.exchange, mismatch)
             except HashqError as exc:
                 log.warning("could not rebuild the ring of %s: %s", self._topology.exchange, exc)
             except Exception as exc:

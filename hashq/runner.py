@@ -64,6 +64,7 @@ class Runners:
         self._ready: asyncio.Queue[Job] = asyncio.Queue()
         self._may_start = asyncio.Event()
         self._may_start.set()
+        self._closing = False
         self._tasks = [asyncio.ensure_future(self._run()) for _ in range(concurrency)]
         self.processed = 0
 
@@ -78,6 +79,7 @@ class Runners:
         self._may_start.set()
 
     async def close(self) -> None:
+        self._closing = True
         for task in self._tasks:
             task.cancel()
         _, stuck = await asyncio.wait(self._tasks, timeout=1.0)
@@ -135,15 +137,25 @@ class Runners:
             await result
             return
         message.cancel_event  # noqa: B018 - made here, in the loop's thread, before the thread starts
-        thread = self._pool.submit(self._handler, message)
+        thread = asyncio.wrap_future(self._pool.submit(self._handler, message))
         try:
-            await asyncio.wrap_future(thread)
+            await asyncio.shield(thread)
         except asyncio.CancelledError:
-            # A thread cannot be stopped: it was told through message.cancel_event. Its job
-            # stays "running" until it returns, so its key cannot start twice in this process.
-            if not thread.done():
-                await asyncio.shield(asyncio.wrap_future(thread))
+            await self._until_done(thread)
             raise
+
+    async def _until_done(self, thread: asyncio.Future[Any]) -> None:
+        """Wait for a handler thread told to stop (through ``message.cancel_event``): a thread
+        cannot be stopped, and its job must stay "running" until it returns, however often the
+        runner is cancelled meanwhile (a lease closed twice), so that its message never starts
+        beside its own redelivery. Only closing the runners (the worker exits) stops the wait."""
+        while not thread.done():
+            try:
+                await asyncio.wait({thread})
+            except asyncio.CancelledError:
+                if self._closing:
+                    raise
+                _uncancel()
 
     def _message(self, job: Job) -> Message:
         delivery = job.delivery

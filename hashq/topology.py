@@ -74,6 +74,22 @@ class Topology:
     def bucket_queue(self, index: int) -> str:
         if not 0 <= index < self.buckets:
             raise IndexError(f"bucket {index} out of range 0..{self.buckets - 1}")
+        return self._queue_name(index)
+
+    @property
+    def queue_beyond(self) -> str:
+        """The name the next bucket queue would have: if it exists, the app has more buckets."""
+        return self._queue_name(self.buckets)
+
+    def liveness_queue(self, worker_id: str, incarnation: str) -> str:
+        """An exclusive queue that each AMQP connection of a worker incarnation declares before
+        it is named in ZooKeeper. Exclusive, so at most one connection of the incarnation holds
+        it, and the broker deletes it when that connection closes, however it closes: its
+        absence tells the coordinator, without the management API and without a listing lag,
+        that no connection of the incarnation can consume."""
+        return f"hashq.{self.app}.alive.{worker_id}.{incarnation}"
+
+    def _queue_name(self, index: int) -> str:
         return f"hashq.{self.app}.b{index:04d}"
 
     def bucket_queues(self) -> list[str]:

@@ -21,7 +21,7 @@ import uuid
 from aio_pika.abc import AbstractConnection
 
 from hashq.amqp import close_quietly, connect_amqp, connection_usable
-from hashq.bucket import BucketLease
+from hashq.bucket import BucketLease, LeaseState
 from hashq.deadletter import DeadLetters
 from hashq.health import health_endpoints
 from hashq.membership import Membership, RegistrationGone, Session
@@ -77,6 +77,7 @@ class Worker:
         self._leases: dict[int, BucketLease] = {}
         self._revoking: dict[int, BucketLease] = {}  # draining; each has a task writing its release
         self._revoke_tasks: set[asyncio.Task[None]] = set()
+        self._held: set[BucketLease] = set()  # closed, but a handler still runs: see _hold
         self._reminded = 0.0
         self._confirming: asyncio.Future[None] | None = None
         self._last_tick = time.monotonic()
@@ -96,7 +97,8 @@ class Worker:
         """Ready: registered, and consuming every bucket granted to it (perhaps none)."""
         if self.state not in (WorkerState.RUNNING, WorkerState.WAITING):
             return False, f"worker {self.worker_id} is {self.state.value}"
-        missing = sorted(set(self._membership.grants()) - set(self._leases))
+        consumed = {b for b, lease in self._leases.items() if lease.state is not LeaseState.CLOSED}
+        missing = sorted(set(self._membership.grants()) - consumed)
         if missing:
             return False, f"worker {self.worker_id}: granted buckets {missing} not consumed yet"
         return True, f"worker {self.worker_id} consumes {len(self._leases)} buckets"
@@ -202,14 +204,61 @@ class Worker:
                 task = asyncio.ensure_future(self._revoke(lease))
                 self._revoke_tasks.add(task)
                 task.add_done_callback(self._revoke_tasks.discard)
-            elif not lease.channel_alive:
-                log.warning("bucket %d: channel lost; subscribing again", bucket)
-                del self._leases[bucket]
-                await lease.close()
+            elif not lease.channel_alive or lease.consumer_cancelled:
+                await self._resubscribe_when_settled(bucket, lease)
+
+    async def _resubscribe_when_settled(self, bucket: int, lease: BucketLease) -> None:
+        """A granted bucket whose channel is gone (the connection dropped, or the broker closed
+        the channel) is subscribed again once none of its handlers runs any more."""
+        if lease.consumer_timed_out and lease.state is not LeaseState.CLOSED:
+            self.metrics.consumer_timeouts += 1
+            log.error(
+                "bucket %d: RabbitMQ closed its channel because a message stayed unacknowledged "
+                "past the broker's consumer_timeout (%s); every message held went back and "
+                "counts as a delivery. Set consumer_timeout above the longest handler, and off "
+                "with HASHQ_ON_FAILURE=block (docs/operations.md)",
+                bucket,
+                lease.close_reason,
+            )
+        if lease.state is not LeaseState.CLOSED:
+            what = "consumer cancelled by the broker" if lease.channel_alive else "channel lost"
+            log.warning("bucket %d: %s; subscribing again", bucket, what)
+            await lease.close()
+        if lease.running:
+            self._hold(lease)
+        else:
+            del self._leases[bucket]  # _subscribe_granted subscribes it again
+
+    def _hold(self, lease: BucketLease) -> None:
+        """A closed lease whose handlers still run (a thread cannot be stopped; an async handler
+        may ignore its cancellation) keeps its bucket: it is neither subscribed again at its
+        epoch nor released until they return, so that no message runs beside its own
+        redelivery. The loop is woken when they have."""
+        if lease in self._held:
+            return
+        self._held.add(lease)
+        log.warning(
+            "bucket %d epoch %d: %d handler(s) still run after the bucket's channel closed; it "
+            "waits for them before it is consumed again or released",
+            lease.bucket,
+            lease.epoch,
+            lease.running,
+            extra=lease.log_fields,
+        )
+
+        async def wake_when_settled() -> None:
+            await lease.settled(None)
+            self._held.discard(lease)
+            self._wake.set()
+
+        task = asyncio.ensure_future(wake_when_settled())
+        self._revoke_tasks.add(task)
+        task.add_done_callback(self._revoke_tasks.discard)
 
     async def _subscribe_granted(self, grants: dict[int, int]) -> None:
+        held = {lease.bucket for lease in self._held}
         for bucket, epoch in sorted(grants.items()):
-            if bucket in self._leases or bucket in self._revoking:
+            if bucket in self._leases or bucket in self._revoking or bucket in held:
                 continue
             if not 0 <= bucket < self.topology.buckets:
                 log.error("granted bucket %d, which does not exist; ignored", bucket)
@@ -240,8 +289,15 @@ class Worker:
             extra=lease.log_fields,
         )
         began = time.monotonic()
+        incarnation = self._membership.incarnation
         try:
             await lease.drain(self.settings.drain_timeout)
+            if lease.running:
+                self._hold(lease)
+            if not await lease.settled(give_up_after):
+                return  # exiting: the coordinator fences the bucket once the session is gone
+            if self._membership.incarnation != incarnation:
+                return  # that life's grants are void: the coordinator fences, not a release
             await self._membership.write_release(lease.bucket, lease.epoch, give_up_after)
             self.metrics.handovers += 1
             self.metrics.drain_seconds.observe(time.monotonic() - began)
@@ -255,16 +311,24 @@ class Worker:
         incarnation = self._membership.new_incarnation()
         self._connections_opened = 1
         name = worker_connection_name(self.worker_id, incarnation)
-        await self._open_connection(name)
+        await self._open_connection(name, incarnation)
         try:
             await self._membership.register(incarnation, name, self.settings.drain_timeout)
         except BaseException:
             await self._drop_connection()  # named for an incarnation that never registered
             raise
 
-    async def _open_connection(self, name: str) -> None:
+    async def _open_connection(self, name: str, incarnation: str) -> None:
+        """Connect, and hold the incarnation's liveness queue (``Topology.liveness_queue``)
+        before the connection is named in the registration. While an earlier connection of the
+        incarnation still holds it (the broker has not noticed that it died), this fails and is
+        retried: two connections of one incarnation never consume at once."""
         self._connection = await connect_amqp(self.settings, name)
         self._connection.close_callbacks.add(lambda *_: self._wake.set())
+        channel = await self._connection.channel()
+        liveness = self.topology.liveness_queue(self.worker_id, incarnation)
+        await channel.declare_queue(liveness, exclusive=True, auto_delete=True)
+        await channel.close()
         await self._dead_letters.open(self._connection)
 
     async def _ensure_connection(self) -> bool:
@@ -278,7 +342,7 @@ class Worker:
         incarnation = self._membership.incarnation
         name = worker_connection_name(self.worker_id, incarnation, self._connections_opened)
         try:
-            await self._open_connection(name)
+            await self._open_connection(name, incarnation)
             # Announced before anything is consumed on it, so that a fence finds it.
             await self._membership.announce(name)
         except RegistrationGone as exc:
@@ -306,6 +370,10 @@ class Worker:
             self._transition(WorkerState.FENCED)
             await self._cut_off_all()
             await self._drop_connection()
+            for lease in self._all_leases():  # void now; a bucket still running waits for it
+                if lease.running:
+                    self._hold(lease)
+            self._leases.clear()
         if not self._membership.zk_connected:
             asyncio.get_running_loop().call_later(0.2, self._wake.set)
             return
@@ -317,14 +385,12 @@ class Worker:
             self._wake.set()
 
     async def _cut_off_all(self) -> None:
-        """Close every bucket now, then wait (at most the drain timeout) until none of their
-        handlers runs, so that nothing redelivered can start beside its own earlier copy.
-        Buckets being revoked finish their revoke: closed, they release at once."""
-        leases = [*self._leases.values(), *self._revoking.values()]
-        self._leases.clear()
-        await asyncio.gather(*(lease.close() for lease in leases))
-        timeout = self.settings.drain_timeout
-        await asyncio.gather(*(lease.settled(timeout) for lease in leases))
+        """Close every bucket now: their unacknowledged messages go back to the queues. The
+        leases stay where they are for the caller to decide: after a lost connection, a bucket
+        still granted at its epoch is subscribed again and one that is not is released, each
+        only once none of its handlers runs any more (``_resubscribe_when_settled``,
+        ``_revoke``); after a lost session they are void (``_fence_self``)."""
+        await asyncio.gather(*(lease.close() for lease in self._all_leases()))
 
     async def _shut_down(self) -> None:
         self._transition(WorkerState.STOPPING)

@@ -56,3 +56,12 @@ def record_sync(msg: Message) -> None:
     start = time.time()
     time.sleep(random.uniform(0, 0.004))
     _record(msg, start, "ok")
+
+
+def slow_sync(msg: Message) -> None:
+    """A plain function that takes HASHQ_TEST_SLOW_SECONDS on a first delivery whose body says
+    "slow", and ignores the worker's request to stop (``msg.cancel_event``), as a thread may."""
+    start = time.time()
+    if json.loads(msg.body).get("slow") and not msg.redelivered:
+        time.sleep(float(os.environ.get("HASHQ_TEST_SLOW_SECONDS", "3")))
+    _record(msg, start, "ok")

@@ -11,34 +11,53 @@ import http.client
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kazoo.exceptions import ConnectionLoss
 
+import coordinator.fencing as fencing
 import coordinator.service as service
 from coordinator.fence import fence
+from coordinator.fencing import Fencer
 from coordinator.handover import View, step
 from coordinator.service import Coordinator, Role
 from coordinator.settings import CoordinatorSettings
-from coordinator.store import Member, Store
+from coordinator.store import Store
+from hashq.metrics import CoordinatorMetrics
 from hashq.protocol import BucketRecord, Registration, worker_connection_name
 from hashq.settings import Settings
+from tests.grants import Grants
+from tests.helpers import eventually
+from tests.test_coordinator import all_granted
+from tests.test_worker import publish, workload
+from tests.workers import WorkerProcess, wait_for_executions
 
 INCARNATION = ("w1", "i1")
+LIVE = {"w1"}
 
 
-def _registration(number: int) -> Registration:
-    return Registration("w1", "i1", 1, connection=worker_connection_name("w1", "i1", number))
+def _registration(number: int, version: int = 2) -> Registration:
+    name = worker_connection_name("w1", "i1", number)
+    return Registration("w1", "i1", 1, version=version, connection=name)
 
 
 def _coordinator_settings(settings: Settings, **changes: Any) -> CoordinatorSettings:
     return CoordinatorSettings(**{**settings.model_dump(), "management_lag": 0, **changes})
 
 
-async def _fence_with_stub(coordinator: Coordinator, calls: list[float]) -> None:
-    coordinator._start_fence(INCARNATION)
-    await coordinator._fencing[INCARNATION]
+def _fencer(settings: Settings, **changes: Any) -> Fencer:
+    return Fencer(_coordinator_settings(settings, **changes), "c1", CoordinatorMetrics(), _noop)
+
+
+def _noop() -> None:
+    return None
+
+
+async def _fence(fencer: Fencer, calls: list[float]) -> None:
+    fencer.start_fence(INCARNATION)
+    await fencer.finished(INCARNATION)
     assert calls, "the fence did not run"
 
 
@@ -51,7 +70,7 @@ def stub_fence(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         calls.append(time.monotonic())
         return 1
 
-    monkeypatch.setattr(service, "fence", listed)
+    monkeypatch.setattr(fencing, "fence", listed)
     return calls
 
 
@@ -61,20 +80,20 @@ async def test_a_fenced_worker_that_reconnected_is_fenced_again(
     """A live worker, once fenced, reconnects under the same incarnation with a new connection.
     A later fence of that incarnation must close the new connection: the old fence does not
     cover it, so a bucket stuck in ``fencing`` is not granted before a second fence."""
-    coordinator = Coordinator(_coordinator_settings(settings))
-    coordinator._note_membership({"w1": Member(_registration(1))})
-    await _fence_with_stub(coordinator, stub_fence)
-    assert INCARNATION in coordinator._covered()
+    fencer = _fencer(settings)
+    fencer.note({"w1": _registration(1)}, {INCARNATION})
+    await _fence(fencer, stub_fence)
+    assert INCARNATION in fencer.covered()
 
-    coordinator._note_membership({"w1": Member(_registration(2))})  # reconnected, announced
-    assert INCARNATION not in coordinator._covered()
+    fencer.note({"w1": _registration(2)}, {INCARNATION})  # reconnected, announced
+    assert INCARNATION not in fencer.covered()
     stuck = BucketRecord("fencing", "w1", "i1", 3, target="w2")
-    view = View(1, {0: stuck}, {"w1": _registration(2)}, frozenset(), coordinator._covered(), 0, 1)
+    view = View(1, {0: stuck}, {"w1": _registration(2)}, frozenset(), fencer.covered(), 0, 1)
     decision = step(view, {0: "w2"})
     assert decision.fences == {INCARNATION} and 0 not in decision.records
 
-    await _fence_with_stub(coordinator, stub_fence)
-    assert len(stub_fence) == 2 and INCARNATION in coordinator._covered()
+    await _fence(fencer, stub_fence)
+    assert len(stub_fence) == 2 and INCARNATION in fencer.covered()
 
 
 async def test_a_fence_waits_until_the_newest_connection_can_be_listed(
@@ -84,14 +103,14 @@ async def test_a_fence_waits_until_the_newest_connection_can_be_listed(
     a reconnected worker's connection is new: either way the fence lists only once the lag has
     passed since the connection was first known."""
     lag = 0.6
-    coordinator = Coordinator(_coordinator_settings(settings, management_lag=lag))
+    fencer = _fencer(settings, management_lag=lag)
     began = time.monotonic()
-    coordinator._start_fence(INCARNATION)  # a new leader: never saw this incarnation
+    fencer.start_fence(INCARNATION)  # a new leader: never saw this incarnation
     await asyncio.sleep(0.3)
-    coordinator._note_membership({"w1": Member(_registration(2))})  # announced meanwhile
-    await coordinator._fencing[INCARNATION]
+    fencer.note({"w1": _registration(2)}, {INCARNATION})  # announced meanwhile
+    await fencer.finished(INCARNATION)
     assert stub_fence[0] - began >= 0.3 + lag - 0.05
-    assert INCARNATION in coordinator._covered()
+    assert INCARNATION in fencer.covered()
 
 
 async def test_a_fence_goes_on_after_any_failure_of_the_management_api(
@@ -133,13 +152,6 @@ async def running() -> AsyncIterator[Callable[[Coordinator], None]]:
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
 
 
-async def _eventually(condition: Callable[[], bool], within: float = 20) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
-
-
 async def test_a_failed_claim_gives_the_lock_back_and_the_coordinator_leads(
     initialized: Settings,
     running: Callable[[Coordinator], None],
@@ -158,8 +170,8 @@ async def test_a_failed_claim_gives_the_lock_back_and_the_coordinator_leads(
     monkeypatch.setattr(Store, "records", records)
     coordinator = Coordinator(_coordinator_settings(initialized))
     running(coordinator)
-    await _eventually(lambda: not failures)
-    await _eventually(lambda: coordinator.role is Role.LEADER)
+    await eventually(lambda: not failures)
+    await eventually(lambda: coordinator.role is Role.LEADER)
 
 
 async def test_a_coordinator_that_cannot_fence_says_so_once(
@@ -171,9 +183,9 @@ async def test_a_coordinator_that_cannot_fence_says_so_once(
     says so at start, in one line, and in its readiness and metrics."""
     nowhere = _coordinator_settings(initialized, management_url="http://127.0.0.1:9")
     coordinator = Coordinator(nowhere)
-    with caplog.at_level(logging.ERROR, logger="coordinator.service"):
+    with caplog.at_level(logging.ERROR, logger="coordinator.fencing"):
         running(coordinator)
-        await _eventually(lambda: coordinator.role is Role.LEADER)
+        await eventually(lambda: coordinator.role is Role.LEADER)
         ready, why = coordinator.readiness()  # said at start, before any fence is needed
         assert not ready and "cannot fence" in why
         assert coordinator.metrics.registry.get_sample_value("hashq_coordinator_can_fence") == 0
@@ -181,3 +193,25 @@ async def test_a_coordinator_that_cannot_fence_says_so_once(
     assert not coordinator.readiness()[0]
     said = [r for r in caplog.records if "cannot fence" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]
+
+
+async def test_without_the_management_api_a_killed_workers_buckets_still_move(
+    initialized: Settings,
+    cluster: Callable[..., WorkerProcess],
+    record: Path,
+    zk_view: Grants,
+) -> None:
+    """With no management API, the buckets of a worker killed with kill -9 used to stay where
+    they were for good. The broker itself says that the worker's connection is gone (its
+    liveness queue went with it), so they move."""
+    nowhere = {"HASHQ_MANAGEMENT_URL": "http://127.0.0.1:9"}
+    cluster("c1", **nowhere)
+    doomed = cluster("w1")
+    cluster("w2")
+    await eventually(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2"}))
+    messages, expected = workload(keys=100, per_key=10)
+    await publish(initialized, messages)
+    doomed.kill()
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    await eventually(lambda: all_granted(zk_view, initialized.buckets, {"w2"}), within=30)

@@ -19,7 +19,7 @@ from hashq.errors import (
     TopologyMismatch,
 )
 from hashq.management import Management
-from hashq.provision import ensure_topology
+from hashq.provision import ensure_topology, ring_exists
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.topology import Topology
@@ -93,6 +93,25 @@ async def test_publisher_rebuilds_a_vanished_ring(initialized: Settings) -> None
         await publisher.publish("user-1", b"again", message_id="landed")
     queued = [m.message_id for m in await _all_messages(initialized)]
     assert queued == ["landed"]
+
+
+async def test_a_publisher_with_too_few_buckets_refuses_rather_than_build_a_small_ring(
+    initialized: Settings,
+) -> None:
+    """The app has 8 buckets; a publisher set to 4 finds the ring gone (a broker restart). It
+    used to build a 4-bucket ring, which a worker's start later extended to 8: keys changed
+    bucket twice and lost their order. It must refuse, and leave the ring to a correct one."""
+    await _delete_ring(initialized)
+    too_few = initialized.model_copy(update={"buckets": 4})
+    with pytest.raises(TopologyMismatch, match="more than the 4 buckets"):
+        async with Publisher(too_few) as publisher:
+            await publisher.publish("user-1", b"x")
+    connection = await connect_amqp(initialized, "test-ring-check")
+    async with connection:
+        assert not await ring_exists(connection, Topology.from_settings(initialized))
+    async with Publisher(initialized) as publisher:  # the app's own count builds it
+        await publisher.publish("user-1", b"x", message_id="landed")
+    assert [m.message_id for m in await _all_messages(initialized)] == ["landed"]
 
 
 @pytest.fixture

@@ -5,33 +5,29 @@ ZooKeeper that flaps while the worker registers again does not end the worker.""
 from __future__ import annotations
 
 import asyncio
-import time
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 from kazoo.exceptions import ConnectionLoss
 
 from coordinator.fence import fence
+from hashq.amqp import connect_amqp
 from hashq.management import Management
 from hashq.membership import Membership, Session
 from hashq.message import Message
 from hashq.protocol import Registration
+from hashq.publisher import Outgoing
 from hashq.settings import Settings, WorkerSettings
+from hashq.topology import Topology
 from hashq.worker import Worker, WorkerState
 from tests.grants import Grants
-from tests.helpers import close_connection_named, wait_for_connection
+from tests.helpers import close_connection_named, eventually, wait_for_connection
 from tests.test_worker import publish, workload
-from tests.workers import StartWorker, wait_for_executions
-
-
-async def _eventually(condition: Callable[[], Any], within: float = 30) -> Any:
-    deadline = time.monotonic() + within
-    while not (found := condition()):
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
-    return found
+from tests.workers import StartWorker, check, read_records, wait_for_executions
 
 
 def _announced_other_than(grants: Grants, connection: str) -> Callable[[], Registration | None]:
@@ -60,13 +56,13 @@ async def test_a_reconnected_worker_announces_its_new_connection_and_a_fence_clo
     await publish(initialized, messages)
 
     await close_connection_named(management, first.connection)
-    second = await _eventually(_announced_other_than(grants, first.connection))
+    second = await eventually(_announced_other_than(grants, first.connection))
     assert second.incarnation == first.incarnation
     assert (first.connection[-2:], second.connection[-2:]) == ("-1", "-2")
     await wait_for_connection(management, second.connection)
 
     assert await fence(management, "w1", first.incarnation) == 1  # the new connection
-    third = await _eventually(_announced_other_than(grants, second.connection))
+    third = await eventually(_announced_other_than(grants, second.connection))
     assert third.connection[-2:] == "-3"
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
     assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
@@ -86,7 +82,7 @@ async def test_a_zookeeper_blip_while_registering_again_does_not_end_the_worker(
     stop = asyncio.Event()
     running = asyncio.ensure_future(worker._run(stop))
     try:
-        await _eventually(lambda: worker.state is WorkerState.WAITING)
+        await eventually(lambda: worker.state is WorkerState.WAITING)
         first_life = worker._membership.incarnation
         real_register = Membership.register
         attempts: list[str] = []
@@ -100,9 +96,81 @@ async def test_a_zookeeper_blip_while_registering_again_does_not_end_the_worker(
         monkeypatch.setattr(Membership, "register", flaky)
         worker._membership.session = Session.LOST
         worker._wake.set()
-        await _eventually(lambda: len(attempts) >= 2 and worker.state is WorkerState.WAITING)
+        await eventually(lambda: len(attempts) >= 2 and worker.state is WorkerState.WAITING)
         assert not running.done(), "the worker ended"
         assert worker._membership.incarnation not in ("", first_life)
     finally:
         stop.set()
         await asyncio.wait_for(running, 30)
+
+
+async def test_a_handler_thread_that_outlives_its_channel_never_runs_beside_its_redelivery(
+    initialized: Settings,
+    grants: Grants,
+    start_worker: StartWorker,
+    record: Path,
+    management: Management,
+) -> None:
+    """A plain-function handler runs longer than the drain timeout, and the worker's connection
+    is closed under it: the message goes back to the queue. The worker used to wait for the
+    thread only up to the drain timeout and then subscribe again at the same epoch, so the
+    redelivered copy ran beside the thread still running the first. The bucket must wait."""
+    start_worker(
+        "w1",
+        "tests.handlers:slow_sync",
+        HASHQ_DRAIN_TIMEOUT="1",
+        HASHQ_TEST_SLOW_SECONDS="4",
+    )
+    (registration,) = grants.wait_for_workers(1)
+    grants.assign(registration, dict.fromkeys(range(initialized.buckets), 1))
+    await wait_for_connection(management, registration.connection)
+    slow = Outgoing("slow-key", json.dumps({"seq": 0, "slow": True}).encode())
+    after = [Outgoing("slow-key", json.dumps({"seq": n}).encode()) for n in range(1, 4)]
+    await publish(initialized, [slow, *after])
+    await asyncio.sleep(0.5)  # the thread is in its 4 s sleep
+    await close_connection_named(management, registration.connection)
+    await asyncio.to_thread(wait_for_executions, record, {"slow-key": 4}, 60)
+    # Both executions of seq 0 are recorded once the thread has returned; then judge.
+    runs = await eventually(lambda: _runs_of_first(record, 2), within=30)
+    assert all(r["epoch"] == 1 for r in runs), runs  # the same grant: a redelivery
+    report = check(record, {"slow-key": 4})
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+
+
+def _runs_of_first(record: Path, count: int) -> list[dict[str, Any]]:
+    runs = [r for r in read_records(record) if r["seq"] == 0]
+    return runs if len(runs) >= count else []
+
+
+async def _send_to_queue(settings: Settings, queue: str, seq: int) -> None:
+    connection = await connect_amqp(settings, "test-direct")
+    async with connection:
+        channel = await connection.channel()
+        body = json.dumps({"seq": seq}).encode()
+        await channel.default_exchange.publish(aio_pika.Message(body), routing_key=queue)
+
+
+async def test_a_consumer_the_broker_cancels_is_subscribed_again(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    """The broker cancels a consumer (``basic.cancel``) when its queue is deleted. aiormq drops
+    the frame; the lease used to look healthy while it consumed nothing, for good."""
+    topology = Topology.from_settings(initialized)
+    queue = topology.bucket_queue(0)
+    start_worker("w1")
+    (registration,) = grants.wait_for_workers(1)
+    grants.assign(registration, {0: 1})
+    await _send_to_queue(initialized, queue, 0)
+    await asyncio.to_thread(wait_for_executions, record, {queue: 1}, 30)
+
+    connection = await connect_amqp(initialized, "test-recreate")
+    async with connection:
+        channel = await connection.channel()
+        await channel.queue_delete(queue)
+        # RabbitMQ 3.10 cancels the consumers of a deleted quorum queue a moment later; a queue
+        # declared again at once can keep the old consumer from ever hearing of it.
+        await asyncio.sleep(2)
+        await channel.declare_queue(queue, durable=True, arguments=topology.bucket_arguments())
+    await _send_to_queue(initialized, queue, 1)
+    report = await asyncio.to_thread(wait_for_executions, record, {queue: 2}, 30)
+    assert report.missing == []

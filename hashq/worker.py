@@ -77,7 +77,7 @@ class Worker:
         self._leases: dict[int, BucketLease] = {}
         self._revoking: dict[int, BucketLease] = {}  # draining; each has a task writing its release
         self._revoke_tasks: set[asyncio.Task[None]] = set()
-        self._held: set[BucketLease] = set()  # closed, but a handler still runs: see _hold
+        self._held: dict[BucketLease, asyncio.Task[None]] = {}  # see _hold
         self._reminded = 0.0
         self._confirming: asyncio.Future[None] | None = None
         self._last_tick = time.monotonic()
@@ -236,7 +236,6 @@ class Worker:
         redelivery. The loop is woken when they have."""
         if lease in self._held:
             return
-        self._held.add(lease)
         log.warning(
             "bucket %d epoch %d: %d handler(s) still run after the bucket's channel closed; it "
             "waits for them before it is consumed again or released",
@@ -248,12 +247,10 @@ class Worker:
 
         async def wake_when_settled() -> None:
             await lease.settled(None)
-            self._held.discard(lease)
+            self._held.pop(lease, None)
             self._wake.set()
 
-        task = asyncio.ensure_future(wake_when_settled())
-        self._revoke_tasks.add(task)
-        task.add_done_callback(self._revoke_tasks.discard)
+        self._held[lease] = asyncio.ensure_future(wake_when_settled())
 
     async def _subscribe_granted(self, grants: dict[int, int]) -> None:
         held = {lease.bucket for lease in self._held}
@@ -396,13 +393,18 @@ class Worker:
         self._transition(WorkerState.STOPPING)
         leases = list(self._leases.values())
         self._leases.clear()
+        # Exiting must not hang on an unreachable ZooKeeper, nor on a handler that does not
+        # return: releases get a bounded time, and what is left then is fenced.
+        limit = self.settings.zk_session_timeout
         if self._membership.session is Session.CONNECTED:
-            # Exiting must not hang on an unreachable ZooKeeper: releases get a bounded time.
-            limit = self.settings.zk_session_timeout
             await asyncio.gather(*(self._revoke(lease, limit) for lease in leases))
         else:
             await asyncio.gather(*(lease.close() for lease in leases))
-        await asyncio.gather(*self._revoke_tasks, return_exceptions=True)
+        pending = [*self._revoke_tasks, *self._held.values()]
+        if pending:
+            _, stuck = await asyncio.wait(pending, timeout=limit)
+            for task in stuck:
+                task.cancel()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._membership.deregister(), 5)
         await self._membership.close()

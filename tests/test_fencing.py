@@ -1,7 +1,8 @@
-"""The coordinator's fencing and election bookkeeping, each case a hole once found in it.
+"""The coordinator's fencing and election, each case a hole once found in it.
 
-Most cases run the real ``Coordinator`` object against the real ZooKeeper and RabbitMQ; where
-only a timing can expose a hole, the management API's answers are replaced and the rest is real.
+The election, readiness and liveness cases run real coordinators against the real ZooKeeper
+and RabbitMQ; where only a timing can expose a hole, the management API's part of a fence is
+replaced and the ``Fencer``'s bookkeeping around it is the real one.
 """
 
 from __future__ import annotations
@@ -35,12 +36,10 @@ from tests.test_worker import publish, workload
 from tests.workers import WorkerProcess, wait_for_executions
 
 INCARNATION = ("w1", "i1")
-LIVE = {"w1"}
 
 
-def _registration(number: int, version: int = 2) -> Registration:
-    name = worker_connection_name("w1", "i1", number)
-    return Registration("w1", "i1", 1, version=version, connection=name)
+def _registration(number: int) -> Registration:
+    return Registration("w1", "i1", 1, connection=worker_connection_name("w1", "i1", number))
 
 
 def _coordinator_settings(settings: Settings, **changes: Any) -> CoordinatorSettings:

@@ -94,8 +94,10 @@ class BucketLease:
         queue: str,
         dispatch: Callable[[Job], None],
         ack_batch: int = 1,
+        on_closed: Callable[[], None] | None = None,
     ) -> None:
         self.bucket = bucket
+        self._on_closed = on_closed  # told when the channel closes, by either side
         self.epoch = epoch
         self.queue = queue
         self.state = LeaseState.CONSUMING
@@ -130,6 +132,8 @@ class BucketLease:
     def _note_close(self, closed: asyncio.Future[object]) -> None:
         if not closed.cancelled() and closed.exception() is not None:
             self.close_reason = str(closed.exception())
+        if self._on_closed is not None:
+            self._on_closed()
 
     @property
     def consumer_timed_out(self) -> bool:

@@ -267,7 +267,9 @@ class Worker:
         queue = self.topology.bucket_queue(bucket)
         # Half the prefetch window per ack batch: the broker always has the other half to send.
         ack_batch = max(1, self.settings.prefetch // 2)
-        lease = BucketLease(bucket, epoch, queue, self._runners.dispatch, ack_batch)
+        lease = BucketLease(
+            bucket, epoch, queue, self._runners.dispatch, ack_batch, on_closed=self._wake.set
+        )
         try:
             await lease.open(self._connection, self.settings.prefetch)
         except Exception as exc:

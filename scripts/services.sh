@@ -353,8 +353,18 @@ print_env() {
     fi
 }
 
+# rabbit-eval EXPR: evaluate an Erlang expression in the local broker (tests change settings at
+# run time this way, e.g. consumer_timeout). Local servers only.
+rabbit_eval() {
+    use_docker && die "rabbit-eval works with the local servers only"
+    rabbit_alive || die "rabbitmq is not running"
+    rabbit_env
+    "$RABBIT_BIN/rabbitmqctl" eval "$1"
+}
+
 main() {
     local cmd=${1:-status} target=${2:-}
+    if [ "$cmd" = rabbit-eval ]; then rabbit_eval "$target"; return; fi
     case "$target" in ""|rabbitmq|zookeeper) ;; *) die "unknown service '$target' (rabbitmq or zookeeper)";; esac
     case "$cmd" in
         up|down|restart|kill)
@@ -381,7 +391,7 @@ main() {
             done ;;
         status) status ;;
         env) print_env ;;
-        *) die "usage: $0 up|down|restart|kill|status|env [rabbitmq|zookeeper]" ;;
+        *) die "usage: $0 up|down|restart|kill|status|env [rabbitmq|zookeeper], or rabbit-eval EXPR" ;;
     esac
 }
 

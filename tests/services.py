@@ -63,6 +63,7 @@ class Endpoints:
     start: Callable[[str], None] | None = None
     cleanup: Callable[[], None] | None = None
     tls: TlsEndpoints | None = None
+    rabbit_eval: Callable[[str], str] | None = None  # an Erlang expression in the broker
 
 
 def from_environment() -> Endpoints | None:
@@ -96,6 +97,7 @@ def from_script() -> Endpoints | None:
         stop=control("down"),
         start=control("up"),
         tls=TlsEndpoints.from_script_env(env),
+        rabbit_eval=lambda expression: _script("rabbit-eval", expression),
     )
 
 

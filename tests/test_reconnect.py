@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from hashq.topology import Topology
 from hashq.worker import Worker, WorkerState
 from tests.grants import Grants
 from tests.helpers import close_connection_named, eventually, wait_for_connection
+from tests.services import Endpoints
 from tests.test_worker import publish, workload
 from tests.workers import StartWorker, check, read_records, wait_for_executions
 
@@ -174,3 +175,52 @@ async def test_a_consumer_the_broker_cancels_is_subscribed_again(
     await _send_to_queue(initialized, queue, 1)
     report = await asyncio.to_thread(wait_for_executions, record, {queue: 2}, 30)
     assert report.missing == []
+
+
+@pytest.fixture
+def short_consumer_timeout(endpoints: Endpoints) -> Iterator[None]:
+    """RabbitMQ's consumer_timeout at 1 s (checked every 0.2 s) for the channels opened during
+    the test; the broker's own values are put back after it (each channel reads both when it
+    opens, and a channel cannot open without a tick interval)."""
+    if endpoints.rabbit_eval is None:
+        pytest.skip(f"the broker from {endpoints.source} cannot be reconfigured by the tests")
+    settings = {"consumer_timeout": 1000, "channel_tick_interval": 200}
+    before = {name: _rabbit_env(endpoints, name) for name in settings}
+    for name, value in settings.items():
+        endpoints.rabbit_eval(f"application:set_env(rabbit, {name}, {value}).")
+    yield
+    for name, term in before.items():
+        change = f"set_env(rabbit, {name}, {term})" if term else f"unset_env(rabbit, {name})"
+        endpoints.rabbit_eval(f"application:{change}.")
+
+
+def _rabbit_env(endpoints: Endpoints, name: str) -> str:
+    """The broker's value of ``name`` as an Erlang term, or "" when it is not set."""
+    assert endpoints.rabbit_eval is not None
+    found = endpoints.rabbit_eval(f"application:get_env(rabbit, {name}).").strip()
+    return found[len("{ok,") : -1] if found.startswith("{ok,") else ""
+
+
+async def test_a_channel_closed_for_consumer_timeout_is_said_and_loses_nothing(
+    initialized: Settings,
+    grants: Grants,
+    start_worker: StartWorker,
+    record: Path,
+    short_consumer_timeout: None,
+) -> None:
+    """A handler holds its message past the broker's consumer_timeout: RabbitMQ closes the
+    bucket's channel and hands back what it held. The worker used to call that a lost channel
+    and say nothing of why; it must name consumer_timeout in one ERROR line, wait for the
+    handler, and go on in order."""
+    worker = start_worker("w1", "tests.handlers:slow_sync", HASHQ_TEST_SLOW_SECONDS="3")
+    (registration,) = grants.wait_for_workers(1)
+    grants.assign(registration, dict.fromkeys(range(initialized.buckets), 1))
+    slow = Outgoing("slow-key", json.dumps({"seq": 0, "slow": True}).encode())
+    after = [Outgoing("slow-key", json.dumps({"seq": n}).encode()) for n in range(1, 4)]
+    await publish(initialized, [slow, *after])
+    await asyncio.to_thread(wait_for_executions, record, {"slow-key": 4}, 60)
+    await eventually(lambda: _runs_of_first(record, 2), within=30)
+    report = check(record, {"slow-key": 4})
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    said = [line for line in worker.output().splitlines() if "consumer_timeout" in line]
+    assert len(said) == 1 and " ERROR " in said[0], said

@@ -74,6 +74,7 @@ class Worker:
         self._runners: Runners | None = None
         self._connection: AbstractConnection | None = None
         self._connections_opened = 0  # by this incarnation: each is named with its number
+        self._reconnect_attempts = 0  # since the connection was last usable
         self._leases: dict[int, BucketLease] = {}
         self._revoking: dict[int, BucketLease] = {}  # draining; each has a task writing its release
         self._revoke_tasks: set[asyncio.Task[None]] = set()
@@ -308,7 +309,7 @@ class Worker:
     async def _begin_incarnation(self) -> None:
         """A new incarnation: its first connection, then its registration, which names it."""
         incarnation = self._membership.new_incarnation()
-        self._connections_opened = 1
+        self._connections_opened, self._reconnect_attempts = 1, 0
         name = worker_connection_name(self.worker_id, incarnation)
         await self._open_connection(name, incarnation)
         try:
@@ -334,7 +335,10 @@ class Worker:
         """Reopen a lost AMQP connection under the same name; False while it cannot be had."""
         if connection_usable(self._connection):
             return True
-        log.warning("AMQP connection lost; cutting off every bucket and reconnecting")
+        # Said once per outage, not at every attempt; readiness shows it meanwhile.
+        say = log.warning if self._reconnect_attempts == 0 else log.debug
+        self._reconnect_attempts += 1
+        say("AMQP connection lost; cutting off every bucket and reconnecting")
         await self._cut_off_all()
         await self._drop_connection()
         self._connections_opened += 1
@@ -351,11 +355,14 @@ class Worker:
             self._wake.set()
             return False
         except Exception as exc:
-            log.warning("reconnecting failed (%s); retrying", exc)
+            say("reconnecting failed (%s); retrying every %gs", exc, RECONNECT_SECONDS)
             await self._drop_connection()
             await asyncio.sleep(RECONNECT_SECONDS)
             self._wake.set()
             return False
+        if self._reconnect_attempts > 1:
+            log.info("AMQP connection back after %d attempts", self._reconnect_attempts)
+        self._reconnect_attempts = 0
         return True
 
     async def _drop_connection(self) -> None:

@@ -62,7 +62,6 @@ class Membership:
         self.worker_id = worker_id
         self.capacity = capacity
         self.incarnation = ""
-        self.connection_name = ""
         self.session = Session.CONNECTED
         self.assignment: Assignment | None = None
         self._assignment_zxid = -1  # of the newest assignment taken: older ones are stale
@@ -91,7 +90,6 @@ class Membership:
     async def register(self, incarnation: str, connection_name: str, drain_timeout: float) -> None:
         """Create the ephemeral registration of a new incarnation."""
         self.incarnation = incarnation
-        self.connection_name = connection_name
         registration = Registration(
             worker_id=self.worker_id,
             incarnation=self.incarnation,
@@ -136,7 +134,6 @@ class Membership:
         announced = replace(self._registration, connection=connection_name)
         await asyncio.to_thread(self._replace_registration, announced)
         self._registration = announced
-        self.connection_name = connection_name
         data, stat = await asyncio.to_thread(self._read_assignment)
         self._take_assignment(data, stat)
 

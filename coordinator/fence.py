@@ -19,9 +19,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
+from coordinator.fencebook import Sighting
 from hashq.management import Management
 from hashq.protocol import incarnation_connections
 
@@ -29,16 +29,6 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
 Trouble = Callable[[str | None], None]  # told why fencing fails, and None once it works again
-
-
-@dataclass(frozen=True)
-class Sighting:
-    """The connection an incarnation's registration announced, and when this coordinator first
-    saw that announcement (``time.monotonic``)."""
-
-    connection: str
-    since: float
-    liveness: bool = False  # the worker holds a liveness queue (protocol 2): see liveness.py
 
 
 async def wait_until_listable(current: Callable[[], Sighting], lag: float) -> Sighting:

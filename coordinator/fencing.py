@@ -1,14 +1,12 @@
-"""The leader's fences: which connection of each worker incarnation it knows of, which fences
-are done and which under way, and whether it can fence at all.
+"""The leader's fences: carrying them out, and whether it can fence at all.
 
 A fence of an incarnation is done when every connection of it that could consume is closed:
 - the broker says no connection of it is left (``coordinator.liveness``), at once; else
 - the management API listed its connections once the newest announced one was listable, and
   each listed one was closed (``coordinator.fence``).
 
-A fence covers the connection that was the incarnation's newest when it was done. A worker that
-was fenced and lived on reconnects with a new, announced connection, which that fence does not
-cover: the next bucket of it that needs a fence gets a new one (``covered``).
+What each fence covered, and which connection each incarnation announced since when, is kept
+by ``coordinator.fencebook.FenceBook``, which the simulator drives too.
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from coordinator.fence import Sighting, fence, wait_until_listable
-from coordinator.handover import Incarnation
+from coordinator.fence import fence, wait_until_listable
+from coordinator.fencebook import FenceBook, Incarnation, Sighting
 from coordinator.liveness import Liveness
 from coordinator.settings import CoordinatorSettings
 from hashq.management import Management
@@ -28,8 +26,6 @@ from hashq.protocol import Registration
 from hashq.topology import Topology
 
 log = logging.getLogger(__name__)
-
-LIVENESS_SINCE_VERSION = 2  # workers of this protocol version on hold a liveness queue
 
 
 class Fencer:
@@ -46,8 +42,7 @@ class Fencer:
         self._wake = wake
         self.management = Management(settings)
         self._liveness: Liveness | None = None  # once the topology is known (``start``)
-        self._sightings: dict[Incarnation, Sighting] = {}  # newest connection of each
-        self._fenced: dict[Incarnation, str] = {}  # the newest connection a fence covered
+        self.book = FenceBook()
         self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
         self.cannot_fence: str | None = None  # why the management API cannot fence, if so
 
@@ -62,31 +57,13 @@ class Fencer:
 
     # ------------------------------------------------------------ what the leader saw
     def note(self, workers: Mapping[str, Registration], keep: set[Incarnation]) -> None:
-        """Record each live incarnation's newest announced connection, first seen now if it is
-        new; forget incarnations not in ``keep`` (neither live nor named by a bucket)."""
-        for worker, registration in workers.items():
-            incarnation = (worker, registration.incarnation)
-            announced = registration.connection
-            if self._sightings.get(incarnation, Sighting("", 0)).connection != announced:
-                liveness = registration.version >= LIVENESS_SINCE_VERSION
-                self._sightings[incarnation] = Sighting(announced, time.monotonic(), liveness)
-        self._sightings = {k: v for k, v in self._sightings.items() if k in keep}
-        self._fenced = {k: v for k, v in self._fenced.items() if k in keep}
+        self.book.note(workers, keep, time.monotonic())
 
     def covered(self) -> frozenset[Incarnation]:
-        """Incarnations fenced since their newest connection was announced."""
-        return frozenset(
-            incarnation
-            for incarnation, connection in self._fenced.items()
-            if self.sighting(incarnation).connection == connection
-        )
+        return self.book.covered()
 
     def sighting(self, incarnation: Incarnation) -> Sighting:
-        """The incarnation's newest announced connection; one never seen (a new leader
-        continuing an old fence) counts as seen now, so its fence waits the full lag."""
-        if incarnation not in self._sightings:
-            self._sightings[incarnation] = Sighting("", time.monotonic())
-        return self._sightings[incarnation]
+        return self.book.sighting(incarnation, time.monotonic())
 
     # ------------------------------------------------------------ fencing
     def start_fence(self, incarnation: Incarnation) -> None:
@@ -123,7 +100,7 @@ class Fencer:
                 f"{closed} connection(s) closed" if closed else "no connection left",
             )
             self._metrics.fences.inc()
-            self._fenced[incarnation] = covered.connection
+            self.book.done(incarnation, covered)
         finally:
             if self._fencing.get(incarnation) is asyncio.current_task():
                 del self._fencing[incarnation]

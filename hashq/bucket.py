@@ -9,7 +9,6 @@ unacknowledged message back to the queue, in order, and touches no other bucket.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 from hashq.acks import Acker
-from hashq.lanes import InOrder, Lanes
+from hashq.machines.lease import LeaseCore, LeaseState
 from hashq.message import Message
 
 log = logging.getLogger(__name__)
@@ -28,15 +27,7 @@ log = logging.getLogger(__name__)
 ACK_FLUSH_WITHIN = 1.0  # seconds a closing lease waits to send the acknowledgements it owes
 
 
-class LeaseState(enum.Enum):
-    CONSUMING = "consuming"
-    """May start deliveries (unless the worker is paused) and acknowledge them."""
-    DRAINING = "draining"
-    """No new deliveries arrive (the consumer is cancelled); what was delivered is still
-    finished and acknowledged, until the drain timeout."""
-    CLOSED = "closed"
-    """The channel is closed: everything unacknowledged went back to the queue in order.
-    Nothing is started or acknowledged any more; handlers still running were cancelled."""
+__all__ = ["BucketLease", "Job", "LeaseState"]
 
 
 @dataclass(eq=False)
@@ -100,21 +91,21 @@ class BucketLease:
         self._on_closed = on_closed  # told when the channel closes, by either side
         self.epoch = epoch
         self.queue = queue
-        self.state = LeaseState.CONSUMING
+        self._core: LeaseCore[Job] = LeaseCore()
         self._dispatch = dispatch
-        self._order: InOrder[DeliveredMessage] = InOrder()
-        self._lanes: Lanes[Job] = Lanes()
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._ack_batch = ack_batch
         self._acker: Acker | None = None
         self._consumer_tag: str | None = None
-        self._held = 0  # delivered, not yet acknowledged or dead-lettered
-        self._running: set[Job] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._settled = asyncio.Event()
         self._settled.set()
         self.close_reason = ""  # why the broker closed the channel, if it did
+
+    @property
+    def state(self) -> LeaseState:
+        return self._core.state
 
     def __repr__(self) -> str:
         return f"<bucket {self.bucket} epoch {self.epoch} {self.state.value}>"
@@ -142,50 +133,45 @@ class BucketLease:
         return is_consumer_timeout(self.close_reason)
 
     async def _on_delivery(self, delivery: DeliveredMessage) -> None:
-        # Callbacks may run out of order; delivery tags restore the queue's order.
-        for message in self._order.push(deliver_frame(delivery).delivery_tag or 0, delivery):
-            self._accept(message)
-
-    def _accept(self, delivery: DeliveredMessage) -> None:
-        if self.state is LeaseState.CLOSED:
-            return
-        self._held += 1
-        self._idle.clear()
-        job = Job(self, delivery, deliver_frame(delivery).routing_key or "")
-        if self._lanes.add(job.key, job):
+        # Callbacks may run out of order; the core restores the queue's order by delivery tag.
+        frame = deliver_frame(delivery)
+        ready = self._core.deliver(
+            frame.delivery_tag or 0, Job(self, delivery, frame.routing_key or "")
+        )
+        if self._core.held:
+            self._idle.clear()
+        for job in ready:
             self._dispatch(job)
 
     def may_start(self, job: Job) -> bool:
-        return job.lease is self and self.state is not LeaseState.CLOSED
+        return job.lease is self and self._core.may_start()
 
     def started(self, job: Job) -> None:
-        self._running.add(job)
+        self._core.started(job)
         self._settled.clear()
 
     def finished(self, job: Job) -> None:
         """``job`` was acknowledged or dead-lettered: hand its key's next delivery on."""
-        self._running.discard(job)
-        if not self._running:
-            self._settled.set()
-        if self.state is LeaseState.CLOSED:
-            return  # the channel handed everything back: nothing is held any more
-        self._held -= 1
-        following = self._lanes.done(job.key)
+        following = self._core.finished(job)
+        self._note_progress()
         if following is not None:
             self._dispatch(following)
-        if self._held == 0:
-            self._idle.set()
 
     def dropped(self, job: Job) -> None:
         """``job`` will not finish here (its handler was cut off); it goes back to the queue."""
-        self._running.discard(job)
-        if not self._running:
+        self._core.dropped(job)
+        self._note_progress()
+
+    def _note_progress(self) -> None:
+        if self._core.settled:
             self._settled.set()
+        if self._core.idle:
+            self._idle.set()
 
     async def settled(self, within: float | None) -> bool:
         """Wait (at most ``within`` seconds; None: for as long as it takes) until no handler of
         this lease runs any more (threads included)."""
-        if not self._running:
+        if self._core.settled:
             return True
         try:
             await asyncio.wait_for(self._settled.wait(), within)
@@ -212,8 +198,8 @@ class BucketLease:
         a bucket moved many times would otherwise dead-letter healthy messages.
         """
         if self.state is LeaseState.CLOSED:
-            return self._held == 0
-        self.state = LeaseState.DRAINING
+            return self._core.idle
+        self._core.drain()
         await self._cancel_consumer()
         try:
             await asyncio.wait_for(self._idle.wait(), within)
@@ -225,7 +211,7 @@ class BucketLease:
                 "they go back to the queue",
                 self.bucket,
                 self.epoch,
-                self._held,
+                self._core.held,
                 within,
                 extra=self.log_fields,
             )
@@ -234,11 +220,8 @@ class BucketLease:
 
     async def close(self) -> None:
         """Close the channel now: unacknowledged messages return to the queue, in order."""
-        self.state = LeaseState.CLOSED
-        for job in list(self._running):
+        for job in self._core.close():
             job.cut_off()
-        self._lanes.clear()
-        self._held = 0
         self._idle.set()
         if self._acker is not None:  # what was finished is acknowledged, not done again
             await self._acker.flush(ACK_FLUSH_WITHIN)
@@ -264,11 +247,11 @@ class BucketLease:
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        return self._core.running
 
     @property
     def waiting(self) -> int:
-        return self._lanes.waiting
+        return self._core.waiting
 
     @property
     def channel_alive(self) -> bool:

@@ -1,0 +1,470 @@
+"""The worker's decisions, without I/O: its ZooKeeper session as it bears on what it may do, its
+AMQP connection, and each bucket lease from grant to release.
+
+``WorkerMachine.handle(event, now)`` takes what happened and returns what to do. It is
+level-triggered: every event updates what the machine knows, then one pass (``_decide``)
+compares that with what is granted and asks for whatever is missing, once. The edges carry the
+actions out and report back with events; ``now`` is their clock (monotonic, or the
+simulator's virtual time), used only for the machine's own timers (``wake_at``).
+
+A lease goes SUBSCRIBING -> CONSUMING, and ends DRAINING (revoked) or CLOSING (cut off) ->
+CLOSED -> (RELEASING, if revoked) -> gone. A bucket is never subscribed again, at its epoch or
+another, while an earlier lease of it is not gone: a handler that cannot be stopped keeps its
+lease CLOSED, so no message of the bucket runs beside its own redelivery.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from hashq.machines.events import (
+    Action,
+    AssignmentRead,
+    BeginIncarnation,
+    ChannelLost,
+    Closed,
+    ConfirmSession,
+    CutOff,
+    Deregister,
+    Drain,
+    DropConnection,
+    Event,
+    LinkFailed,
+    LinkLost,
+    LinkUp,
+    PauseRunners,
+    PauseSeen,
+    Reconnect,
+    Registered,
+    RegisterFailed,
+    ReleaseWritten,
+    ResumeRunners,
+    Session,
+    SessionChanged,
+    SessionConfirmed,
+    Settled,
+    Stop,
+    Subscribe,
+    Subscribed,
+    WriteRelease,
+)
+from hashq.protocol import Assignment
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 1.0  # between attempts to register, reconnect or subscribe
+RELEASE_RETRY_SECONDS = 0.5
+CONFIRM_SECONDS = 0.3  # between questions to ZooKeeper while suspended
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    """Connecting and registering; holds nothing."""
+    WAITING = "waiting"
+    """Registered, granted nothing: consumes nothing, waits for the coordinator."""
+    RUNNING = "running"
+    """Registered: consumes exactly its granted buckets."""
+    SUSPENDED = "suspended"
+    """ZooKeeper unreachable, session perhaps alive: starts nothing new."""
+    FENCED = "fenced"
+    """Session lost: every bucket was cut off; registering afresh."""
+    STOPPING = "stopping"
+    """Draining every bucket, then releasing and deregistering."""
+    STOPPED = "stopped"
+
+
+class Phase(enum.Enum):
+    """Where one lease is, as the worker's loop sees it."""
+
+    SUBSCRIBING = "subscribing"
+    """Asked for; nothing consumed yet."""
+    CONSUMING = "consuming"
+    """Granted at its epoch: deliveries run."""
+    DRAINING = "draining"
+    """Revoked: the consumer is cancelled, what was delivered finishes, then the channel closes."""
+    CLOSING = "closing"
+    """Being cut off: its channel closes now, what it held goes back to the queue."""
+    CLOSED = "closed"
+    """Its channel is closed; it waits until no handler of it runs (``running``), then is
+    released (if revoked), dropped (if void), or dropped and subscribed again (if still
+    granted)."""
+    RELEASING = "releasing"
+    """Closed, settled and revoked: the release is being written."""
+
+
+@dataclass
+class Lease:
+    number: int  # unique within the machine: events name leases by it
+    bucket: int
+    epoch: int
+    incarnation: str
+    phase: Phase = Phase.SUBSCRIBING
+    revoked: bool = False  # to be released once closed and settled
+    void: bool = False  # granted to a lost session, or abandoned: nothing to release
+    running: int = 0  # handlers still running after the close
+    retry_at: float = 0.0  # when a failed release is written again
+    since: float = 0.0  # when it was revoked (for the drain-time metric)
+
+
+@dataclass
+class WorkerCounts:
+    handovers: int = 0
+    consumer_timeouts: int = 0
+    drain_seconds: list[float] = field(default_factory=list)  # taken by the edge
+
+
+class WorkerMachine:
+    def __init__(
+        self,
+        worker_id: str,
+        buckets: int,
+        drain_timeout: float,
+        stop_within: float,
+    ) -> None:
+        self.worker_id = worker_id
+        self.buckets = buckets
+        self.drain_timeout = drain_timeout
+        self.stop_within = stop_within  # how long stopping may wait for releases
+        self.state = WorkerState.STARTING
+        self.session = Session.CONNECTED
+        self.zk_link = True  # whether the ZooKeeper client is connected (any session)
+        self.incarnation = ""
+        self.assignment: Assignment | None = None
+        self._assignment_zxid = -1
+        self.link_up = False  # the AMQP connection of this incarnation is usable
+        self.connection_number = 0
+        self.reconnect_attempts = 0
+        self.leases: dict[int, Lease] = {}  # by number
+        self.counts = WorkerCounts()
+        self._numbers = itertools.count(1)
+        self._doubts = 0  # pauses and disconnects seen: a verdict asked for before one is stale
+        self._confirming = False
+        self._busy = False  # registering or reconnecting: one at a time
+        self._retry_at = 0.0  # no registering, reconnecting or confirming before then
+        self._paused = False
+        self._stop_by: float | None = None
+        self.wake_at: float | None = None  # the edge sends a Tick then (None: no timer)
+
+    # ------------------------------------------------------------ reading
+    def grants(self) -> dict[int, int]:
+        """Bucket -> epoch this incarnation may consume now (none unless CONNECTED)."""
+        if self.session is not Session.CONNECTED or self.assignment is None:
+            return {}
+        return self.assignment.grants_for(self.incarnation)
+
+    def consuming(self) -> dict[int, int]:
+        return {
+            lease.bucket: lease.epoch
+            for lease in self.leases.values()
+            if lease.phase is Phase.CONSUMING
+        }
+
+    def lease_of(self, bucket: int) -> Lease | None:
+        for lease in self.leases.values():
+            if lease.bucket == bucket:
+                return lease
+        return None
+
+    # ------------------------------------------------------------ events
+    def handle(self, event: Event, now: float) -> list[Action]:
+        actions: list[Action] = []
+        self._take(event, now, actions)
+        if self.state is not WorkerState.STOPPED:
+            self._decide(now, actions)
+        return actions
+
+    def _take(self, event: Event, now: float, actions: list[Action]) -> None:
+        if isinstance(event, SessionChanged):
+            self._take_session(event.session, actions)
+        elif isinstance(event, PauseSeen):
+            log.warning(
+                "worker %s was paused for %.1fs; checking its session",
+                self.worker_id,
+                event.seconds,
+            )
+            self._suspect(actions)
+        elif isinstance(event, SessionConfirmed):
+            self._take_verdict(event, now)
+        elif isinstance(event, AssignmentRead):
+            self._take_assignment(event)
+        elif isinstance(event, Registered):
+            self._busy = False
+            self.incarnation, self.session = event.incarnation, Session.CONNECTED
+            self.link_up, self.connection_number, self.reconnect_attempts = True, 1, 0
+        elif isinstance(event, RegisterFailed):
+            self._busy, self._retry_at = False, now + RETRY_SECONDS
+        elif isinstance(event, LinkLost):
+            self.link_up = False
+        elif isinstance(event, LinkUp):
+            self._busy, self.link_up = False, True
+            if self.reconnect_attempts > 1:
+                log.info("AMQP connection back after %d attempts", self.reconnect_attempts)
+            self.reconnect_attempts = 0
+        elif isinstance(event, LinkFailed):
+            self._busy, self._retry_at = False, now + RETRY_SECONDS
+            if event.registration_gone:
+                log.warning("%s; the session is lost", event.error)
+                self.session = Session.LOST
+        elif isinstance(event, Stop):
+            self._stop_by = now + self.stop_within
+        else:
+            self._take_lease_event(event, now, actions)
+
+    def _take_lease_event(self, event: Event, now: float, actions: list[Action]) -> None:
+        lease = self.leases.get(getattr(event, "lease", -1))
+        if lease is None:
+            return  # of a lease already gone
+        if isinstance(event, Subscribed):
+            if event.ok:
+                lease.phase = Phase.CONSUMING
+                log.info("bucket %d epoch %d: consuming", lease.bucket, lease.epoch)
+            else:
+                log.warning("bucket %d: subscribing failed: %s", lease.bucket, event.error)
+                lease.phase, lease.void = Phase.CLOSING, True
+                actions.append(CutOff(lease.number))
+                self._retry_at = now + RETRY_SECONDS
+        elif isinstance(event, ChannelLost):
+            self._channel_lost(lease, event, actions)
+        elif isinstance(event, Closed):
+            lease.phase = Phase.CLOSED if lease.phase is not Phase.RELEASING else lease.phase
+            lease.running = event.running
+        elif isinstance(event, Settled):
+            lease.running = 0
+        elif isinstance(event, ReleaseWritten):
+            self._release_written(lease, event, now)
+
+    def _channel_lost(self, lease: Lease, event: ChannelLost, actions: list[Action]) -> None:
+        if event.consumer_timeout and lease.phase in (Phase.CONSUMING, Phase.DRAINING):
+            self.counts.consumer_timeouts += 1
+            log.error(
+                "bucket %d: RabbitMQ closed its channel because a message stayed unacknowledged "
+                "past the broker's consumer_timeout (%s); every message held went back and "
+                "counts as a delivery. Set consumer_timeout above the longest handler, and off "
+                "with HASHQ_ON_FAILURE=block (docs/operations.md)",
+                lease.bucket,
+                event.reason,
+            )
+        if lease.phase is Phase.CONSUMING:
+            log.warning("bucket %d: %s; subscribing again", lease.bucket, event.reason)
+            lease.phase = Phase.CLOSING
+            actions.append(CutOff(lease.number))
+
+    def _release_written(self, lease: Lease, event: ReleaseWritten, now: float) -> None:
+        if event.ok:
+            self.counts.handovers += 1
+            self.counts.drain_seconds.append(max(0.0, now - lease.since))
+            del self.leases[lease.number]
+            return
+        if self.session is Session.LOST or self._past_stop(now):
+            log.warning(
+                "bucket %d epoch %d: release not written (%s)",
+                lease.bucket,
+                lease.epoch,
+                event.error,
+            )
+            del self.leases[lease.number]
+            return
+        log.warning(
+            "bucket %d: writing the release failed (%s); retrying", lease.bucket, event.error
+        )
+        lease.phase, lease.retry_at = Phase.CLOSED, now + RELEASE_RETRY_SECONDS
+
+    # ------------------------------------------------------------ the session
+    def _take_session(self, value: Session, actions: list[Action]) -> None:
+        # LOST sticks until the worker has registered again: a later CONNECTED belongs to a new
+        # session whose registration does not exist yet. CONNECTED after SUSPENDED is taken
+        # only from a confirmation, which checks the registration is still ours.
+        self.zk_link = value is Session.CONNECTED
+        if value is Session.CONNECTED:
+            return
+        self._doubts += 1
+        if self.session is not Session.LOST:
+            self.session = value
+        self._pause(actions)
+
+    def _suspect(self, actions: list[Action]) -> None:
+        """The process may have been paused: act as SUSPENDED until a confirmation says
+        otherwise."""
+        self._doubts += 1
+        if self.session is Session.CONNECTED:
+            self.session = Session.SUSPENDED
+        self._pause(actions)
+
+    def _take_verdict(self, event: SessionConfirmed, now: float) -> None:
+        """A verdict is dropped if a pause or a disconnect was seen while it was on its way:
+        the session may have expired after ZooKeeper answered (the worker then asks again)."""
+        self._confirming = False
+        if event.asked != self._doubts or self.session is not Session.SUSPENDED:
+            return
+        if event.verdict is Session.SUSPENDED:
+            self._retry_at = now + CONFIRM_SECONDS
+            return
+        log.info("worker %s: ZooKeeper session %s", self.worker_id, event.verdict.value)
+        self.session = event.verdict
+
+    def _take_assignment(self, event: AssignmentRead) -> None:
+        """Keep the assignment read, unless a newer one was kept already (the watch and an
+        announcement read it on different paths, so they may arrive out of order)."""
+        if event.zxid >= 0 and event.zxid < self._assignment_zxid:
+            return
+        self._assignment_zxid = max(event.zxid, self._assignment_zxid)
+        self.assignment = event.assignment
+
+    def _pause(self, actions: list[Action]) -> None:
+        if not self._paused:
+            self._paused = True
+            actions.append(PauseRunners())
+
+    # ------------------------------------------------------------ deciding
+    def _decide(self, now: float, actions: list[Action]) -> None:
+        self._settle_closed(now, actions)
+        if self._stop_by is not None:
+            self._decide_stop(now, actions)
+        elif self.session is Session.LOST:
+            self._fence_self(now, actions)
+        elif self.session is Session.SUSPENDED:
+            self._pause(actions)
+            self._transition(WorkerState.SUSPENDED)
+            if not self._confirming and now >= self._retry_at:
+                self._confirming = True
+                actions.append(ConfirmSession(self._doubts))
+        elif not self.incarnation:
+            self._begin(now, actions)
+        elif not self.link_up:
+            self._reconnect(now, actions)
+        else:
+            self._reconcile(now, actions)
+        self._settle_closed(now, actions)  # leases closed before they were revoked just now
+        self._set_timer(now)
+
+    def _reconcile(self, now: float, actions: list[Action]) -> None:
+        """Consume exactly what is granted: revoke the rest, subscribe what is missing."""
+        if self._paused:
+            self._paused = False
+            actions.append(ResumeRunners())
+        grants = self.grants()
+        for lease in list(self.leases.values()):
+            if lease.void or lease.revoked:
+                continue
+            if grants.get(lease.bucket) != lease.epoch or lease.incarnation != self.incarnation:
+                self._revoke(lease, now, actions)
+        if now >= self._retry_at:
+            for bucket, epoch in sorted(grants.items()):
+                self._subscribe(bucket, epoch, actions)
+        self._transition(WorkerState.RUNNING if self.consuming() else WorkerState.WAITING)
+
+    def _subscribe(self, bucket: int, epoch: int, actions: list[Action]) -> None:
+        if self.lease_of(bucket) is not None:
+            return  # consumed, or an earlier lease of it has not ended yet
+        if not 0 <= bucket < self.buckets:
+            log.error("granted bucket %d, which does not exist; ignored", bucket)
+            return
+        lease = Lease(next(self._numbers), bucket, epoch, self.incarnation)
+        self.leases[lease.number] = lease
+        actions.append(Subscribe(lease.number, bucket, epoch))
+
+    def _revoke(self, lease: Lease, now: float, actions: list[Action]) -> None:
+        """Drain, close, then release: nothing of the bucket is acknowledged after the release."""
+        lease.revoked, lease.since = True, now
+        if lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING):
+            log.info("bucket %d epoch %d: revoked; draining", lease.bucket, lease.epoch)
+            lease.phase = Phase.DRAINING
+            actions.append(Drain(lease.number, self.drain_timeout))
+
+    def _cut_off_all(self, actions: list[Action], void: bool) -> None:
+        """Close every lease now: what they held goes back to the queues. A lease cut off by a
+        lost connection is released (if revoked) or subscribed again (if still granted) once
+        settled; one of a lost session is ``void``."""
+        for lease in self.leases.values():
+            lease.void = lease.void or void
+            if lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING, Phase.DRAINING):
+                lease.phase = Phase.CLOSING
+                actions.append(CutOff(lease.number))
+
+    def _settle_closed(self, now: float, actions: list[Action]) -> None:
+        """A closed lease that no handler holds any more ends: released if revoked (and of
+        this life), else dropped, so that a bucket still granted is subscribed again."""
+        for lease in list(self.leases.values()):
+            if lease.phase is not Phase.CLOSED or lease.running:
+                continue
+            if not lease.revoked or lease.void:
+                del self.leases[lease.number]
+            elif lease.incarnation != self.incarnation or self.session is Session.LOST:
+                del self.leases[lease.number]  # that life's grants are void: it is fenced
+            elif self.session is Session.CONNECTED and now >= lease.retry_at:
+                lease.phase = Phase.RELEASING
+                actions.append(
+                    WriteRelease(lease.number, lease.bucket, lease.epoch, lease.incarnation)
+                )
+
+    # ------------------------------------------------------------ connection and incarnation
+    def _begin(self, now: float, actions: list[Action]) -> None:
+        if not self._busy and self.zk_link and now >= self._retry_at:
+            self._busy = True
+            actions.append(BeginIncarnation())
+
+    def _reconnect(self, now: float, actions: list[Action]) -> None:
+        """Reopen a lost AMQP connection under a new number. Said once per outage, not at
+        every attempt; readiness shows it meanwhile."""
+        if self.reconnect_attempts == 0:
+            log.warning("AMQP connection lost; cutting off every bucket and reconnecting")
+        self._cut_off_all(actions, void=False)
+        if self._busy or now < self._retry_at:
+            return
+        self._busy = True
+        self.reconnect_attempts += 1
+        self.connection_number += 1
+        actions.append(Reconnect(self.connection_number))
+
+    def _fence_self(self, now: float, actions: list[Action]) -> None:
+        """Session lost: the grants are void. Cut everything off, then register afresh."""
+        if self.state is not WorkerState.FENCED:
+            self._transition(WorkerState.FENCED)
+            self._cut_off_all(actions, void=True)
+            self.link_up = False
+            actions.append(DropConnection())
+        self._begin(now, actions)
+
+    def _decide_stop(self, now: float, actions: list[Action]) -> None:
+        """Drain and release every bucket while the session is ours (cut them off otherwise),
+        then deregister; exiting never waits past ``stop_within``."""
+        self._transition(WorkerState.STOPPING)
+        usable = self.session is Session.CONNECTED and self.link_up
+        for lease in self.leases.values():
+            if lease.phase is Phase.CONSUMING and usable and not lease.void:
+                self._revoke(lease, now, actions)
+            elif lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING, Phase.DRAINING):
+                lease.void = lease.void or not usable
+                if not usable:
+                    lease.phase = Phase.CLOSING
+                    actions.append(CutOff(lease.number))
+        if not self.leases or self._past_stop(now):
+            actions.append(Deregister())
+            self._transition(WorkerState.STOPPED)
+
+    # ------------------------------------------------------------ helpers
+    def _past_stop(self, now: float) -> bool:
+        return self._stop_by is not None and now >= self._stop_by
+
+    def _set_timer(self, now: float) -> None:
+        times = [self._retry_at, *(lease.retry_at for lease in self.leases.values())]
+        if self._stop_by is not None:
+            times.append(self._stop_by)
+        later = [t for t in times if t > now]
+        self.wake_at = min(later) if later else None
+
+    def _transition(self, state: WorkerState) -> None:
+        if state is self.state:
+            return
+        log.info(
+            "worker %s: %s -> %s (incarnation %s, grants %s)",
+            self.worker_id,
+            self.state.value,
+            state.value,
+            self.incarnation or "-",
+            self.consuming() or "none",
+        )
+        self.state = state

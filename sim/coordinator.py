@@ -1,0 +1,338 @@
+"""A simulated coordinator: the production ``CoordinatorMachine`` on virtual time, with edges
+that do what ``coordinator.service``, ``coordinator.store`` and ``coordinator.fencing`` do
+against the server models: the lock recipe, the claim, the checked commit, and fences through
+the liveness queue and the management API."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator import machine as cm
+from coordinator.fencebook import Incarnation
+from hashq.protocol import (
+    Assignment,
+    BucketRecord,
+    BucketState,
+    Leadership,
+    Registration,
+    incarnation_connections,
+    parse_release_name,
+)
+from sim.invariants import Checker
+from sim.process import Process
+from sim.rabbit import Broker
+from sim.worker import PATHS
+from sim.world import World
+from sim.zoo import NodeExists, NoNode, ZkClient, ZkError, ZooKeeper
+
+TICK_SECONDS = 0.5
+RETRY_SECONDS = 1.0
+GRANTED = BucketState.GRANTED.value
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    drain_timeout: float = 5.0
+    fence_grace: float = 1.0
+    settle: float = 1.0
+    management_lag: float = 2.0
+    session_timeout: float = 4.0
+
+
+class SimCoordinator(Process):
+    def __init__(
+        self,
+        world: World,
+        name: str,
+        broker: Broker,
+        zk: ZooKeeper,
+        checker: Checker,
+        config: CoordinatorConfig,
+    ) -> None:
+        super().__init__(world, name)
+        self.broker, self.zk, self.checker, self.config = broker, zk, checker, config
+        self.machine = cm.CoordinatorMachine(
+            name,
+            broker.buckets,
+            settle=config.settle,
+            drain_timeout=config.drain_timeout,
+            fence_grace=config.fence_grace,
+        )
+        self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
+        self._lock_node = ""
+        self._campaigning = False
+        self._generation = itertools.count(1)
+        self._fences: dict[Incarnation, int] = {}  # the generation each fence runs under
+
+    def start(self) -> None:
+        for path in (PATHS.workers, PATHS.releases):
+            self.client.watch(path, self.bound(lambda: self.post(cm.Tick())))
+        self.client.start()
+        self._ticking()
+
+    def kill(self) -> None:
+        super().kill()
+        self.client.crash()
+
+    def _ticking(self) -> None:
+        self.post(cm.Tick())
+        self.later(TICK_SECONDS, self._ticking)
+
+    def _zk_state(self, state: str) -> None:
+        if state == "lost":
+            self.post(cm.SessionLost())
+        elif (
+            state == "connected"
+            and not self._campaigning
+            and self.machine.role is cm.Role.CANDIDATE
+        ):
+            self._campaign()
+
+    # ------------------------------------------------------------ the machine
+    def post(self, event: cm.Event) -> None:
+        if not self.alive:
+            return
+        for action in self.machine.handle(event, self.world.now):
+            self._do(action)
+
+    def _do(self, action: cm.Action) -> None:
+        if isinstance(action, cm.Observe):
+            self._observe()
+        elif isinstance(action, cm.Commit):
+            self._commit(action)
+        elif isinstance(action, cm.Fence):
+            generation = self._fences[action.incarnation] = next(self._generation)
+            self._fence(action.incarnation, generation)
+        elif isinstance(action, cm.Resign):
+            self._fences.clear()
+            self._give_back()
+
+    def _call(self, request: Callable[[ZooKeeper, int], Any], then: Callable[[Any], None]) -> None:
+        self.client.call(request, self.bound(then))
+
+    # ------------------------------------------------------------ election
+    def _campaign(self) -> None:
+        """kazoo's lock recipe: an ephemeral sequential node named with this contender's
+        prefix, so that one created by a request whose answer was lost is found again; the
+        lowest sequence number holds the lock."""
+        self._campaigning = True
+        prefix = f"{self.name}-s{self.client.session}__lock__"
+
+        def created(answer: Any) -> None:
+            if isinstance(answer, ZkError):
+                self._campaigning = False
+                self.later(RETRY_SECONDS, self._retry_campaign)
+                return
+            self._lock_node = answer
+            self._wait_for_lock()
+
+        def create(zk: ZooKeeper, session: int) -> str:
+            for child in _children(zk, PATHS.election):
+                if child.startswith(prefix):
+                    return f"{PATHS.election}/{child}"
+            return zk.create(f"{PATHS.election}/{prefix}", b"", session, sequential=True)
+
+        self._call(create, created)
+
+    def _retry_campaign(self) -> None:
+        if (
+            not self._campaigning
+            and self.machine.role is cm.Role.CANDIDATE
+            and self.client.connected
+        ):
+            self._campaign()
+
+    def _wait_for_lock(self) -> None:
+        def look(answer: Any) -> None:
+            if isinstance(answer, ZkError):
+                self._campaigning = False
+                self.later(RETRY_SECONDS, self._retry_campaign)
+                return
+            mine = self._lock_node.rsplit("/", 1)[-1]
+            if not self._campaigning:
+                return  # given back meanwhile
+            if not mine or mine not in answer:
+                self._campaigning = False  # our node went with our session
+                self.later(RETRY_SECONDS, self._retry_campaign)
+            elif min(answer, key=lambda child: child[-10:]) == mine:
+                self._claim()
+            else:
+                self.later(0.2, self._wait_for_lock)
+
+        self._call(lambda zk, _: zk.children(PATHS.election), look)
+
+    def _claim(self) -> None:
+        """``Store.claim``, then read the records and assignments: one request here."""
+        me = self.name
+
+        def claim(zk: ZooKeeper, session: int) -> cm.Elected:
+            try:
+                data, stat = zk.get(PATHS.leader)
+                epoch = Leadership.decode(data).epoch + 1
+                version = zk.set(PATHS.leader, Leadership(me, epoch).encode(), stat.version).version
+            except NoNode:
+                zk.create(PATHS.leader, Leadership(me, 1).encode())
+                epoch, version = 1, 0
+            zk.create(_alive(epoch), me.encode(), session)
+            return cm.Elected(epoch, version, _records(zk), _assignments(zk))
+
+        def claimed(answer: Any) -> None:
+            self._campaigning = False
+            if isinstance(answer, ZkError):
+                self._give_back()
+                return
+            self._alive_node = _alive(answer.epoch)
+            self.post(answer)
+
+        self._call(claim, claimed)
+
+    def _give_back(self) -> None:
+        """Delete our lock node, retrying until ZooKeeper takes it, then campaign again."""
+        node = self._lock_node
+
+        def deleted(answer: Any) -> None:
+            if isinstance(answer, ZkError) and not isinstance(answer, NoNode):
+                if self.client.connected:
+                    self.later(RETRY_SECONDS, self._give_back)
+                    return
+            self._lock_node = ""
+            self._campaigning = False
+            self.later(RETRY_SECONDS, self._retry_campaign)
+
+        if not node:
+            self._campaigning = False
+            self.later(RETRY_SECONDS, self._retry_campaign)
+            return
+        self._call(lambda zk, _: zk.delete(node), deleted)
+
+    # ------------------------------------------------------------ leading
+    def _observe(self) -> None:
+        def read(zk: ZooKeeper, _: int) -> cm.Observed:
+            workers = {}
+            for name in zk.children(PATHS.workers):
+                workers[name] = Registration.decode(zk.get(PATHS.worker(name))[0])
+            releases = {}
+            for name in zk.children(PATHS.releases):
+                parsed = parse_release_name(name)
+                if parsed is not None:
+                    releases[parsed] = name
+            return cm.Observed(workers, releases)
+
+        def observed(answer: Any) -> None:
+            if isinstance(answer, ZkError):
+                self.post(cm.ObserveFailed(type(answer).__name__))
+            else:
+                self.post(answer)
+
+        self._call(read, observed)
+
+    def _commit(self, commit: cm.Commit) -> None:
+        alive = getattr(self, "_alive_node", "")
+        checker = self.checker
+
+        def write(zk: ZooKeeper, _: int) -> None:
+            ops: list[Callable[[ZooKeeper], object]] = [
+                lambda z: z.check(PATHS.leader, commit.version),
+                lambda z: z.check(alive, 0),
+            ]
+            for bucket, record in commit.records.items():
+                ops.append(
+                    _put(PATHS.bucket(bucket), record.encode(), bucket in commit.known_records)
+                )
+            for worker, assignment in commit.assignments.items():
+                known = worker in commit.known_assignments
+                ops.append(_put(PATHS.assignment(worker), assignment.encode(), known))
+            for worker in commit.removed:
+                ops.append(lambda z, w=worker: z.delete(PATHS.assignment(w)))  # type: ignore[misc]
+            for name in commit.consumed:
+                ops.append(lambda z, n=name: z.delete(f"{PATHS.releases}/{n}"))  # type: ignore[misc]
+            zk.multi(ops)
+            for bucket, record in sorted(commit.records.items()):  # applied: check the epochs
+                if record.state == GRANTED and record.owner:
+                    checker.granted(bucket, record.epoch)
+
+        def written(answer: Any) -> None:
+            if isinstance(answer, ZkError):
+                self.post(
+                    cm.Deposed(f"ZooKeeper refused the leader's write: {type(answer).__name__}")
+                )
+            else:
+                self.post(cm.Committed())
+
+        self._call(write, written)
+
+    # ------------------------------------------------------------ fencing
+    def _fence(self, incarnation: Incarnation, generation: int) -> None:
+        """``Fencer._cut_off``: done at once if the broker says no connection of the
+        incarnation is left; else, once the newest announced connection is listable, close
+        every listed connection of it (retrying whatever fails)."""
+        if self._fences.get(incarnation) != generation:
+            return  # abandoned: the lead was lost
+        now = self.world.now
+        covered = self.machine.book.sighting(incarnation, now)
+        if self._gone(incarnation):
+            self._fenced(incarnation, generation, covered)
+            return
+        wait = self.machine.book.listable_in(incarnation, now, self.config.management_lag)
+        if wait > 0:
+            self.later(wait, lambda: self._fence(incarnation, generation))
+            return
+        listed = self.broker.listed_connections() if self.amqp_link.up else None
+        pattern = incarnation_connections(*incarnation)
+        names = [n for n in listed or [] if pattern.fullmatch(n)]
+        if listed is None or not all(self.broker.force_close(n) for n in names):
+            self.later(RETRY_SECONDS, lambda: self._fence(incarnation, generation))
+            return
+        self.later(self.world.latency(), lambda: self._fenced(incarnation, generation, covered))
+
+    def _gone(self, incarnation: Incarnation) -> bool:
+        """``Liveness.gone``: a passive declare of the incarnation's liveness queue."""
+        worker, life = incarnation
+        return (
+            self.amqp_link.up
+            and self.broker.up
+            and not self.broker.exists(f"alive.{worker}.{life}")
+        )
+
+    def _fenced(self, incarnation: Incarnation, generation: int, covered: Any) -> None:
+        if self._fences.get(incarnation) == generation:
+            del self._fences[incarnation]
+            self.world.note(f"{self.name}: fenced {incarnation[0]} {incarnation[1]}")
+            self.post(cm.FenceDone(incarnation, covered))
+
+
+def _alive(epoch: int) -> str:
+    return f"{PATHS.root}/leader-session-{epoch:010d}"
+
+
+def _put(path: str, data: bytes, known: bool) -> Callable[[ZooKeeper], object]:
+    if known:
+        return lambda z: z.set(path, data)
+    return lambda z: z.create(path, data)
+
+
+def _records(zk: ZooKeeper) -> dict[int, BucketRecord]:
+    records = {}
+    for name in _children(zk, PATHS.buckets):
+        records[int(name)] = BucketRecord.decode(zk.get(f"{PATHS.buckets}/{name}")[0])
+    return records
+
+
+def _assignments(zk: ZooKeeper) -> dict[str, Assignment]:
+    return {
+        name: Assignment.decode(zk.get(PATHS.assignment(name))[0])
+        for name in _children(zk, PATHS.assignments)
+    }
+
+
+def _children(zk: ZooKeeper, path: str) -> list[str]:
+    try:
+        return zk.children(path)
+    except NoNode:
+        return []
+
+
+__all__ = ["CoordinatorConfig", "NodeExists", "SimCoordinator"]

@@ -1,0 +1,148 @@
+"""Carrying faults out on a simulated cluster, and healing them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.faults import Fault
+from sim.process import Process
+
+if TYPE_CHECKING:
+    from sim.cluster import Cluster
+
+
+def apply(cluster: Cluster, fault: Fault) -> bool:
+    """Carry ``fault`` out; False if it had nothing to act on (its target is down, say)."""
+    world = cluster.world
+    kind, duration = fault.kind, fault.duration
+    if kind in ("crash", "stop", "amqp-partition", "server-cancel"):
+        index = fault.target % len(cluster.workers)
+        worker = cluster.workers[index]
+        if not worker.alive or worker.stopped:
+            return False
+        if kind == "crash":
+            worker.kill()
+            world.after(duration, lambda: _restart_worker(cluster, index))
+        elif kind == "stop":
+            worker.stop()
+            world.after(duration, lambda: _restart_worker(cluster, index))
+        elif kind == "amqp-partition":
+            cluster.broker.partition(worker.amqp_link)
+            world.after(duration, worker.amqp_link.heal)
+        else:
+            return _cancel_a_consumer(cluster, worker.name)
+        return True
+    if kind in ("freeze", "zk-partition"):
+        process = _any_process(cluster, fault.target)
+        if not process.alive or process.frozen_since is not None:
+            return False
+        if kind == "freeze":
+            _freeze(cluster, process)
+            world.after(duration, lambda: _thaw(cluster, process))
+        else:
+            _cut_zk(process)
+            world.after(duration, lambda: _heal_zk(process))
+        return True
+    return _apply_to_servers(cluster, fault)
+
+
+def _apply_to_servers(cluster: Cluster, fault: Fault) -> bool:
+    world, broker, duration = cluster.world, cluster.broker, fault.duration
+    if fault.kind in ("coordinator-crash", "management-partition"):
+        index = fault.target % len(cluster.coordinators)
+        coordinator = cluster.coordinators[index]
+        if not coordinator.alive:
+            return False
+        if fault.kind == "coordinator-crash":
+            coordinator.kill()
+            world.after(duration, lambda: _restart_coordinator(cluster, index))
+        else:
+            coordinator.amqp_link.cut()
+            world.after(duration, coordinator.amqp_link.heal)
+        return True
+    if fault.kind == "management-failing":
+        broker.api_failing = True
+        world.after(duration, lambda: setattr(broker, "api_failing", False))
+        return True
+    if fault.kind == "rabbitmq-restart":
+        if not broker.up:
+            return False
+        broker.restart(min(duration, 8.0))
+        return True
+    if fault.kind == "zookeeper-restart":
+        if not cluster.zk.up:
+            return False
+        cluster.zk.restart(min(duration, 8.0))
+        return True
+    raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+
+def heal_all(cluster: Cluster) -> None:
+    """Every fault ends now: links heal, frozen processes resume, dead ones start again, the
+    management API answers. (Server restarts end on their own, within seconds.)"""
+    cluster.broker.api_failing = False
+    for index in range(len(cluster.workers)):
+        _restart_worker(cluster, index)
+    for index in range(len(cluster.coordinators)):
+        _restart_coordinator(cluster, index)
+    for process in [*cluster.workers, *cluster.coordinators]:
+        _thaw(cluster, process)
+        _heal_zk(process)
+        process.amqp_link.heal()
+
+
+def _any_process(cluster: Cluster, target: int) -> Process:
+    processes: list[Process] = [*cluster.workers, *cluster.coordinators]
+    return processes[target % len(processes)]
+
+
+def _restart_worker(cluster: Cluster, index: int) -> None:
+    worker = cluster.workers[index]
+    if not worker.alive or worker.stopped:
+        cluster.start_worker(index)
+
+
+def _restart_coordinator(cluster: Cluster, index: int) -> None:
+    if not cluster.coordinators[index].alive:
+        cluster.start_coordinator(index)
+
+
+def _freeze(cluster: Cluster, process: Process) -> None:
+    """A stopped process answers nothing: to the servers it is cut off, and they give up on it
+    after their timeouts."""
+    process.freeze()
+    cluster.broker.partition(process.amqp_link)
+    _cut_zk(process)
+
+
+def _thaw(cluster: Cluster, process: Process) -> None:
+    if process.frozen_since is None:
+        return
+    process.amqp_link.heal()
+    _heal_zk(process)
+    process.resume()
+
+
+def _cut_zk(process: Process) -> None:
+    client = getattr(process, "client", None)
+    if process.zk_link.up and client is not None:
+        process.zk_link.cut()
+        client.partitioned()
+
+
+def _heal_zk(process: Process) -> None:
+    if not process.zk_link.up:
+        process.zk_link.heal()
+        client = getattr(process, "client", None)
+        if client is not None:
+            client.healed()
+
+
+def _cancel_a_consumer(cluster: Cluster, worker: str) -> bool:
+    broker = cluster.broker
+    for connection in broker.connections:
+        if connection.name.startswith(f"hashq-worker-{worker}") and connection.channels:
+            channel = min(connection.channels.values(), key=lambda c: c.number)
+            broker.cancel_from_server(channel)
+            return True
+    return False

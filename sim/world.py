@@ -1,0 +1,60 @@
+"""Virtual time: one heap of timed callbacks, run one at a time in (time, order) order, and the
+seeded random source every choice is drawn from. Nothing reads a real clock, so a seed replays
+exactly."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class Violation(Exception):
+    """An invariant failed; ``str()`` says which and how."""
+
+
+@dataclass(order=True)
+class _Timer:
+    when: float
+    order: int
+    action: Callable[[], None] = field(compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+
+class World:
+    current: World | None = None  # the one running (for log lines on virtual time)
+
+    def __init__(self, seed: int) -> None:
+        World.current = self
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.steps = 0
+        self._heap: list[_Timer] = []
+        self._order = 0
+        self.trace: list[str] = []  # what happened, newest last (for a failing seed's report)
+
+    def after(self, delay: float, action: Callable[[], None]) -> _Timer:
+        self._order += 1
+        timer = _Timer(self.now + max(0.0, delay), self._order, action)
+        heapq.heappush(self._heap, timer)
+        return timer
+
+    def latency(self, low: float = 0.0005, high: float = 0.01) -> float:
+        return self.rng.uniform(low, high)
+
+    def note(self, text: str) -> None:
+        self.trace.append(f"{self.now:9.3f} {text}")
+
+    def run_until(self, end: float, each: Callable[[], None] | None = None) -> None:
+        """Run callbacks due before ``end``; ``each`` runs after every one (the invariants)."""
+        while self._heap and self._heap[0].when <= end:
+            timer = heapq.heappop(self._heap)
+            if timer.cancelled:
+                continue
+            self.now = timer.when
+            self.steps += 1
+            timer.action()
+            if each is not None:
+                each()
+        self.now = max(self.now, end)

@@ -1,16 +1,15 @@
-"""The worker's ZooKeeper side: its registration, the watch on its assignment, its session
-state, and the releases it writes.
+"""The worker's ZooKeeper side: its registration, the watch on its assignment, the releases
+it writes and the questions it asks about its session. I/O only: what the answers mean is
+decided by ``hashq.machines.worker.WorkerMachine``.
 
 kazoo calls back on its own threads. Every callback crosses into asyncio with
-``call_soon_threadsafe`` to ``_take_session`` or ``_take_assignment``, which store the newest
-value and wake the worker's loop; the loop reads the values, never the callbacks.
+``call_soon_threadsafe`` and becomes an event for the worker's loop (``post``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 import uuid
@@ -29,6 +28,7 @@ from kazoo.exceptions import (
 from kazoo.recipe.watchers import DataWatch
 
 from hashq.errors import ConfigError, HashqError, ServiceUnavailable
+from hashq.machines.events import AssignmentRead, Event, Session, SessionChanged
 from hashq.protocol import Assignment, Paths, Registration, Release
 from hashq.settings import Settings
 from hashq.zk import close_zk, connect_zk
@@ -36,15 +36,7 @@ from hashq.zk import close_zk, connect_zk
 log = logging.getLogger(__name__)
 
 
-class Session(enum.Enum):
-    """The worker's ZooKeeper session, as it bears on what the worker may do."""
-
-    CONNECTED = "connected"
-    """Registered and watching: may start and acknowledge messages of its grants."""
-    SUSPENDED = "suspended"
-    """Connection lost, session perhaps alive: start nothing new; in-flight ones may finish."""
-    LOST = "lost"
-    """Session expired: its grants are void. Cut off every bucket, then register afresh."""
+__all__ = ["Membership", "RegistrationGone", "Session"]
 
 
 class RegistrationGone(HashqError):
@@ -52,23 +44,18 @@ class RegistrationGone(HashqError):
 
 
 class Membership:
-    """Registration and assignment of one worker id; wakes ``changed`` on every change."""
+    """Registration and assignment of one worker id; posts what happens to ``post``."""
 
     def __init__(
-        self, settings: Settings, worker_id: str, capacity: int, wake: asyncio.Event
+        self, settings: Settings, worker_id: str, capacity: int, post: Callable[[Event], None]
     ) -> None:
         self._settings = settings
         self._paths = Paths(settings.app)
         self.worker_id = worker_id
         self.capacity = capacity
         self.incarnation = ""
-        self.session = Session.CONNECTED
-        self.assignment: Assignment | None = None
-        self._assignment_zxid = -1  # of the newest assignment taken: older ones are stale
         self._registration: Registration | None = None
-        self._doubts = 0  # pauses and disconnects seen: a verdict asked for before one is stale
-        self.changed = wake
-        self.on_unsafe: Callable[[], None] | None = None
+        self._post = post
         self._loop = asyncio.get_running_loop()
         self._zk: KazooClient | None = None
 
@@ -89,10 +76,9 @@ class Membership:
 
     async def register(self, incarnation: str, connection_name: str, drain_timeout: float) -> None:
         """Create the ephemeral registration of a new incarnation."""
-        self.incarnation = incarnation
         registration = Registration(
             worker_id=self.worker_id,
-            incarnation=self.incarnation,
+            incarnation=incarnation,
             capacity=self.capacity,
             connection=connection_name,
             host=_hostname(),
@@ -100,8 +86,8 @@ class Membership:
             drain_timeout=drain_timeout,
         )
         await asyncio.to_thread(self._create_registration, registration)
+        self.incarnation = incarnation
         self._registration = registration
-        self.session = Session.CONNECTED
         log.info("worker %s registered (incarnation %s)", self.worker_id, self.incarnation)
 
     def _create_registration(self, registration: Registration) -> None:
@@ -123,11 +109,11 @@ class Membership:
                 log.info("waiting for an earlier registration of %s to expire", self.worker_id)
                 time.sleep(1)
 
-    async def announce(self, connection_name: str) -> None:
+    async def announce(self, connection_name: str) -> AssignmentRead:
         """Name a new AMQP connection of this incarnation in its registration, then read the
-        assignment afresh. Nothing may be consumed on the connection before both: a fence of
-        this incarnation then waits until the management API can list the connection, and the
-        grants consumed on it are at least as new as the announcement.
+        assignment afresh (returned). Nothing may be consumed on the connection before both: a
+        fence of this incarnation then waits until the management API can list the
+        connection, and the grants consumed on it are at least as new as the announcement.
 
         Raises ``RegistrationGone`` if the registration is no longer ours."""
         assert self._registration is not None
@@ -135,7 +121,7 @@ class Membership:
         await asyncio.to_thread(self._replace_registration, announced)
         self._registration = announced
         data, stat = await asyncio.to_thread(self._read_assignment)
-        self._take_assignment(data, stat)
+        return self._assignment_read(data, stat)
 
     def _replace_registration(self, registration: Registration) -> None:
         assert self._zk is not None
@@ -166,6 +152,8 @@ class Membership:
         return bool(stat.ephemeralOwner == self._zk.client_id[0])
 
     async def deregister(self) -> None:
+        """Delete this incarnation's registration (its grants end with it)."""
+        self.incarnation, self._registration = "", None
         if self._zk is None:
             return
         try:
@@ -178,28 +166,13 @@ class Membership:
             zk, self._zk = self._zk, None
             await asyncio.to_thread(close_zk, zk)
 
-    def suspect(self) -> None:
-        """The process may have been paused: act as SUSPENDED until ``confirm`` says otherwise."""
-        self._doubts += 1
-        if self.session is Session.CONNECTED:
-            self.session = Session.SUSPENDED
-        self.changed.set()
-
-    async def confirm(self) -> None:
-        """While SUSPENDED: ask ZooKeeper whether our registration (hence our session) lives.
-        An answer is dropped if a pause or a disconnect was seen while it was on its way: the
-        session may have expired after ZooKeeper answered (the worker then asks again)."""
-        doubts = self._doubts
+    async def probe(self, within: float = 5.0) -> Session:
+        """Whether the registration (hence the session) is still this incarnation's:
+        SUSPENDED when ZooKeeper does not answer within ``within`` seconds."""
         try:
-            verdict = await asyncio.wait_for(asyncio.to_thread(self._probe), 5)
+            return await asyncio.wait_for(asyncio.to_thread(self._probe), within)
         except TimeoutError:
-            verdict = Session.SUSPENDED
-        if doubts != self._doubts:
-            return
-        if self.session is Session.SUSPENDED and verdict is not Session.SUSPENDED:
-            log.info("worker %s: ZooKeeper session %s", self.worker_id, verdict.value)
-            self.session = verdict
-            self.changed.set()
+            return Session.SUSPENDED
 
     def _probe(self) -> Session:
         if self._zk is None or not self._zk.connected:
@@ -216,32 +189,12 @@ class Membership:
         current = Registration.decode(data).incarnation == self.incarnation
         return Session.CONNECTED if ours and current else Session.LOST
 
-    # ------------------------------------------------------------ what the loop reads
-    def grants(self) -> dict[int, int]:
-        """Bucket -> epoch this incarnation may consume now (none unless CONNECTED)."""
-        if self.session is not Session.CONNECTED or self.assignment is None:
-            return {}
-        return self.assignment.grants_for(self.incarnation)
-
-    async def write_release(self, bucket: int, epoch: int, within: float | None = None) -> None:
-        """Record that this incarnation holds nothing of ``bucket`` at ``epoch`` any more.
-        Retried until ZooKeeper takes it, the session is lost, or ``within`` seconds pass (when
-        shutting down: the coordinator fences the bucket once the session expires)."""
-        release = Release(self.worker_id, self.incarnation, bucket, epoch)
-        deadline = None if within is None else time.monotonic() + within
-        while True:
-            try:
-                await asyncio.to_thread(self._create, self._paths.release(bucket, epoch), release)
-                log.info("bucket %d epoch %d released by %s", bucket, epoch, self.worker_id)
-                return
-            except Exception as exc:
-                if self.session is Session.LOST or (
-                    deadline is not None and time.monotonic() > deadline
-                ):
-                    log.warning("bucket %d epoch %d: release not written (%r)", bucket, epoch, exc)
-                    return
-                log.warning("bucket %d: writing the release failed (%r); retrying", bucket, exc)
-                await asyncio.sleep(0.5)
+    async def write_release(self, bucket: int, epoch: int, incarnation: str) -> None:
+        """Record that ``incarnation`` holds nothing of ``bucket`` at ``epoch`` any more
+        (once: the caller decides whether to try again)."""
+        release = Release(self.worker_id, incarnation, bucket, epoch)
+        await asyncio.to_thread(self._create, self._paths.release(bucket, epoch), release)
+        log.info("bucket %d epoch %d released by %s", bucket, epoch, self.worker_id)
 
     def _create(self, path: str, release: Release) -> None:
         if self._zk is None:
@@ -257,38 +210,19 @@ class Membership:
             KazooState.SUSPENDED: Session.SUSPENDED,
             KazooState.LOST: Session.LOST,
         }[state]
-        self._loop.call_soon_threadsafe(self._take_session, session)
+        self._loop.call_soon_threadsafe(self._post, SessionChanged(session))
 
     def _on_assignment(self, data: bytes | None, stat: Any) -> None:
-        self._loop.call_soon_threadsafe(self._take_assignment, data, stat)
+        self._loop.call_soon_threadsafe(self._post, self._assignment_read(data, stat))
 
-    def _take_assignment(self, data: bytes | None, stat: Any) -> None:
-        """Keep the assignment read, unless a newer one was kept already (the watch and
-        ``announce`` read it from different threads, so they may arrive out of order)."""
-        zxid = -1 if stat is None else int(stat.mzxid)
-        if stat is not None and zxid < self._assignment_zxid:
-            return
+    def _assignment_read(self, data: bytes | None, stat: Any) -> AssignmentRead:
         assignment = None
         if data:
             try:
                 assignment = Assignment.decode(data)
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("unreadable assignment for %s: %r", self.worker_id, exc)
-        self._assignment_zxid = max(zxid, self._assignment_zxid)
-        self.assignment = assignment
-        self.changed.set()
-
-    def _take_session(self, value: Session) -> None:
-        # LOST sticks until the worker has registered again: a later CONNECTED belongs to a new
-        # session whose registration does not exist yet. CONNECTED after SUSPENDED is taken
-        # only from ``confirm``, which checks the registration is still ours.
-        if value is not Session.CONNECTED:
-            self._doubts += 1
-            if self.session is not Session.LOST:
-                self.session = value
-            if self.on_unsafe is not None:
-                self.on_unsafe()  # start nothing more before the loop has looked
-        self.changed.set()
+        return AssignmentRead(-1 if stat is None else int(stat.mzxid), assignment)
 
 
 def _hostname() -> str:

@@ -20,6 +20,8 @@ from sim.zoo import NoNode, ZooKeeper
 
 PUBLISH_GAP = 0.01  # virtual seconds between publishes
 SETTLE_LIMIT = 300.0  # virtual seconds the healed cluster has to finish everything
+# How one worker may stay cut off for good while the rest heals: its keys must go on elsewhere.
+STRANDED = ("zk-partition", "amqp-partition", "freeze", "isolated")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Scenario:
     faults: tuple[Fault, ...]
     slow_share: float  # handlers past the drain timeout
     thread_share: float  # handlers that cannot be stopped
+    stranded: str  # how worker 0 stays cut off after the other faults heal ("": it does not)
 
     @classmethod
     def draw(cls, seed: int, horizon: float = 400.0) -> Scenario:
@@ -68,6 +71,7 @@ class Scenario:
             faults=tuple(draw_faults(rng, horizon, mean_gap=rng.choice((1.0, 3.0, 8.0)))),
             slow_share=rng.choice((0.0, 0.0005, 0.002)),
             thread_share=rng.choice((0.0, 0.5, 1.0)),
+            stranded=rng.choice(("", "", *STRANDED)),
         )
 
 
@@ -104,6 +108,7 @@ class Cluster:
         self.confirmed: set[tuple[str, int]] = set()
         self._next_seq: dict[str, int] = {}
         self._publishing = True
+        self.stranded_worker = ""  # the worker left cut off at the end, if any
         self.outcome = Outcome(scenario.seed)
 
     # ------------------------------------------------------------ processes
@@ -168,9 +173,8 @@ class Cluster:
                 if self.world.steps >= steps:
                     break
                 self._apply(fault)
-            self.world.run_until(self.world.now + 1.0, self._check)
-            self._publishing = False
             self._heal()
+            self._publishing = False
             self._finish()
         except Violation as exc:
             self.outcome.violation = str(exc)
@@ -197,6 +201,15 @@ class Cluster:
 
         heal_all(self)
         self.world.note("every fault healed")
+        if self.scenario.stranded and len(self.workers) > 1:
+            from sim.inject import strand  # noqa: PLC0415
+
+            self.world.run_until(self.world.now + 5.0, self._check)  # the healed take buckets
+            worker = max(self.workers, key=lambda w: len(w.machine.consuming()))
+            self.stranded_worker = worker.name
+            strand(self, worker, self.scenario.stranded)
+            self.world.note(f"worker {worker.name} stranded for good: {self.scenario.stranded}")
+        self.world.run_until(self.world.now + 5.0, self._check)  # its buckets get messages
 
     # ------------------------------------------------------------ the end
     def _finish(self) -> None:
@@ -236,8 +249,10 @@ class Cluster:
                 or assignment.grants_for(owner.incarnation).get(bucket) != record.epoch
             ):
                 return f"bucket {bucket}: assignment of {owner.worker_id} does not say so"
+            if owner.worker_id == self.stranded_worker:
+                return f"bucket {bucket} granted to the stranded {owner.worker_id}"
             held[owner.worker_id] += 1
-        counts = [held.get(worker, 0) for worker in live]
+        counts = [held.get(worker, 0) for worker in live if worker != self.stranded_worker]
         if counts and max(counts) - min(counts) > 1:
             return f"shares unbalanced: {dict(held)}"
         return ""

@@ -146,3 +146,13 @@ def _cancel_a_consumer(cluster: Cluster, worker: str) -> bool:
             broker.cancel_from_server(channel)
             return True
     return False
+
+
+def strand(cluster: Cluster, worker: Process, how: str) -> None:
+    """Cut ``worker`` off for good: from ZooKeeper, from RabbitMQ, from both, or frozen."""
+    if how in ("zk-partition", "isolated"):
+        _cut_zk(worker)
+    if how in ("amqp-partition", "isolated"):
+        cluster.broker.partition(worker.amqp_link)
+    if how == "freeze":
+        _freeze(cluster, worker)

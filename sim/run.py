@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         made = logging.getLogRecordFactory()
 
         def on_virtual_time(*args: object, **kwargs: object) -> logging.LogRecord:
-            record = made(*args, **kwargs)  # type: ignore[arg-type]
+            record = made(*args, **kwargs)
             record.vt = World.current.now if World.current is not None else 0.0
             return record
 

@@ -85,7 +85,11 @@ class SimWorker(Process):
         self.broker, self.zk, self.checker, self.config = broker, zk, checker, config
         self._handler_time = handler_time
         self.machine = WorkerMachine(
-            worker_id, broker.buckets, config.drain_timeout, stop_within=config.session_timeout
+            worker_id,
+            broker.buckets,
+            config.drain_timeout,
+            stop_within=config.session_timeout,
+            withdraw_after=config.session_timeout,
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self.connection: Connection | None = None
@@ -161,6 +165,9 @@ class SimWorker(Process):
             self._close(action.lease)
         elif isinstance(action, ev.WriteRelease):
             self._write_release(action)
+        elif isinstance(action, ev.Withdraw):
+            self._drop_connection()
+            self._deregister()
         elif isinstance(action, ev.Deregister):
             self._deregister()
 

@@ -5,9 +5,13 @@ exactly."""
 from __future__ import annotations
 
 import heapq
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+
+log = logging.getLogger("sim")
 
 
 class Violation(Exception):
@@ -45,6 +49,7 @@ class World:
 
     def note(self, text: str) -> None:
         self.trace.append(f"{self.now:9.3f} {text}")
+        log.info("%s", text)
 
     def run_until(self, end: float, each: Callable[[], None] | None = None) -> None:
         """Run callbacks due before ``end``; ``each`` runs after every one (the invariants)."""

@@ -1,45 +1,55 @@
-"""The worker's session bookkeeping, with ZooKeeper's answers replaced: only a timing exposes
-these holes, so the answers are made to arrive at the worst moment."""
+"""The worker's session bookkeeping (``WorkerMachine``), with ZooKeeper's answers arriving at
+the worst moment: only a timing exposes these holes."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
-import pytest
-
-from hashq.membership import Membership, Session
-from hashq.settings import Settings
+from hashq.machines import events as ev
+from hashq.machines.worker import WorkerMachine, WorkerState
+from hashq.protocol import Assignment
 
 
-async def test_a_session_check_answered_before_a_second_pause_does_not_resume_the_worker(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _registered() -> WorkerMachine:
+    machine = WorkerMachine("w1", 4, drain_timeout=1, stop_within=5, withdraw_after=5)
+    assert ev.BeginIncarnation() in machine.handle(ev.Tick(), 0.0)
+    machine.handle(ev.Registered("i1"), 0.1)
+    return machine
+
+
+def test_a_session_check_answered_before_a_second_pause_does_not_resume_the_worker() -> None:
     """The worker asks ZooKeeper whether its session lives; ZooKeeper says yes; before the
     answer is applied the process is paused again, long enough for the session to expire. The
     watchdog notices the second pause. The old answer must not make the worker resume."""
-    membership = Membership(Settings(), "w1", 1, asyncio.Event())  # no server is asked
-    membership.suspect()  # the first pause
-    answered = threading.Event()
-    release = threading.Event()
+    machine = _registered()
+    actions = machine.handle(ev.PauseSeen(3.0), 1.0)  # the first pause
+    assert ev.PauseRunners() in actions
+    (asked,) = [a for a in actions if isinstance(a, ev.ConfirmSession)]
+    machine.handle(ev.PauseSeen(3.0), 2.0)  # a second pause while the answer was on its way
+    actions = machine.handle(ev.SessionConfirmed(asked.asked, ev.Session.CONNECTED), 2.1)
+    assert machine.session is ev.Session.SUSPENDED
+    assert ev.ResumeRunners() not in actions
+    (again,) = [a for a in actions if isinstance(a, ev.ConfirmSession)]  # asked again at once
 
-    def probe() -> Session:
-        answered.set()
-        release.wait(5)
-        return Session.CONNECTED  # true when ZooKeeper said it, stale when it is applied
-
-    monkeypatch.setattr(membership, "_probe", probe)
-    checking = asyncio.ensure_future(membership.confirm())
-    await asyncio.to_thread(answered.wait, 5)
-    membership.suspect()  # the watchdog: a second pause while the answer was on its way
-    release.set()
-    await checking
-    assert membership.session is Session.SUSPENDED
-
-    monkeypatch.setattr(membership, "_probe", lambda: Session.CONNECTED)
-    await membership.confirm()  # asked again after the pause: believed
-    assert _session(membership) is Session.CONNECTED
+    actions = machine.handle(ev.SessionConfirmed(again.asked, ev.Session.CONNECTED), 3.1)
+    assert machine.session is ev.Session.CONNECTED
+    assert ev.ResumeRunners() in actions
 
 
-def _session(membership: Membership) -> Session:
-    return membership.session
+def test_an_older_assignment_read_late_is_not_taken() -> None:
+    machine = _registered()
+    machine.handle(ev.AssignmentRead(10, Assignment("i1", {0: 2})), 1.0)
+    machine.handle(ev.AssignmentRead(7, Assignment("i1", {0: 1, 1: 1})), 1.1)
+    assert machine.grants() == {0: 2}
+
+
+def test_a_bucket_is_released_only_once_its_handlers_returned() -> None:
+    """Revoked while a handler thread runs on: drained, closed, held; released only after."""
+    machine = _registered()
+    (subscribe,) = machine.handle(ev.AssignmentRead(1, Assignment("i1", {0: 1})), 1.0)
+    assert isinstance(subscribe, ev.Subscribe)
+    machine.handle(ev.Subscribed(subscribe.lease), 1.1)
+    assert machine.state is WorkerState.RUNNING
+    (drain,) = machine.handle(ev.AssignmentRead(2, Assignment("i1", {})), 2.0)
+    assert isinstance(drain, ev.Drain)
+    assert machine.handle(ev.Closed(drain.lease, running=1), 3.0) == []
+    (release,) = machine.handle(ev.Settled(drain.lease), 9.0)
+    assert release == ev.WriteRelease(drain.lease, 0, 1, "i1")

@@ -17,7 +17,8 @@ from kazoo.exceptions import ConnectionLoss
 from coordinator.fence import fence
 from hashq.amqp import connect_amqp
 from hashq.management import Management
-from hashq.membership import Membership, Session
+from hashq.machines.events import Session, SessionChanged
+from hashq.membership import Membership
 from hashq.message import Message
 from hashq.protocol import Registration
 from hashq.publisher import Outgoing
@@ -84,7 +85,7 @@ async def test_a_zookeeper_blip_while_registering_again_does_not_end_the_worker(
     running = asyncio.ensure_future(worker._run(stop))
     try:
         await eventually(lambda: worker.state is WorkerState.WAITING)
-        first_life = worker._membership.incarnation
+        first_life = worker.machine.incarnation
         real_register = Membership.register
         attempts: list[str] = []
 
@@ -95,11 +96,11 @@ async def test_a_zookeeper_blip_while_registering_again_does_not_end_the_worker(
             await real_register(membership, *args)
 
         monkeypatch.setattr(Membership, "register", flaky)
-        worker._membership.session = Session.LOST
-        worker._wake.set()
+        worker.post(SessionChanged(Session.LOST))  # as kazoo says it: lost, then a new session
+        worker.post(SessionChanged(Session.CONNECTED))
         await eventually(lambda: len(attempts) >= 2 and worker.state is WorkerState.WAITING)
         assert not running.done(), "the worker ended"
-        assert worker._membership.incarnation not in ("", first_life)
+        assert worker.machine.incarnation not in ("", first_life)
     finally:
         stop.set()
         await asyncio.wait_for(running, 30)

@@ -217,6 +217,12 @@ class WriteRelease:
 
 
 @dataclass(frozen=True)
+class Withdraw:
+    """Delete the registration (keeping the ZooKeeper session) and drop the connection: this
+    incarnation ends."""
+
+
+@dataclass(frozen=True)
 class Deregister:
     """Stopping is over: delete the registration, close everything."""
 
@@ -232,5 +238,6 @@ Action = (
     | Drain
     | CutOff
     | WriteRelease
+    | Withdraw
     | Deregister
 )

@@ -49,6 +49,7 @@ from hashq.machines.events import (
     Stop,
     Subscribe,
     Subscribed,
+    Withdraw,
     WriteRelease,
 )
 from hashq.protocol import Assignment
@@ -71,6 +72,9 @@ class WorkerState(enum.Enum):
     """ZooKeeper unreachable, session perhaps alive: starts nothing new."""
     FENCED = "fenced"
     """Session lost: every bucket was cut off; registering afresh."""
+    WITHDRAWN = "withdrawn"
+    """Cut off from RabbitMQ for longer than the session timeout: deregistered, so that the
+    coordinator moves its buckets; holds nothing; registers afresh once RabbitMQ answers."""
     STOPPING = "stopping"
     """Draining every bucket, then releasing and deregistering."""
     STOPPED = "stopped"
@@ -123,11 +127,13 @@ class WorkerMachine:
         buckets: int,
         drain_timeout: float,
         stop_within: float,
+        withdraw_after: float,
     ) -> None:
         self.worker_id = worker_id
         self.buckets = buckets
         self.drain_timeout = drain_timeout
         self.stop_within = stop_within  # how long stopping may wait for releases
+        self.withdraw_after = withdraw_after  # without RabbitMQ for that long: give grants up
         self.state = WorkerState.STARTING
         self.session = Session.CONNECTED
         self.zk_link = True  # whether the ZooKeeper client is connected (any session)
@@ -135,6 +141,7 @@ class WorkerMachine:
         self.assignment: Assignment | None = None
         self._assignment_zxid = -1
         self.link_up = False  # the AMQP connection of this incarnation is usable
+        self._link_lost_at: float | None = None  # when it stopped being usable
         self.connection_number = 0
         self.reconnect_attempts = 0
         self.leases: dict[int, Lease] = {}  # by number
@@ -191,15 +198,17 @@ class WorkerMachine:
         elif isinstance(event, AssignmentRead):
             self._take_assignment(event)
         elif isinstance(event, Registered):
-            self._busy = False
+            self._busy, self._link_lost_at = False, None
             self.incarnation, self.session = event.incarnation, Session.CONNECTED
             self.link_up, self.connection_number, self.reconnect_attempts = True, 1, 0
         elif isinstance(event, RegisterFailed):
             self._busy, self._retry_at = False, now + RETRY_SECONDS
         elif isinstance(event, LinkLost):
             self.link_up = False
+            if self._link_lost_at is None:
+                self._link_lost_at = now
         elif isinstance(event, LinkUp):
-            self._busy, self.link_up = False, True
+            self._busy, self.link_up, self._link_lost_at = False, True, None
             if self.reconnect_attempts > 1:
                 log.info("AMQP connection back after %d attempts", self.reconnect_attempts)
             self.reconnect_attempts = 0
@@ -333,6 +342,8 @@ class WorkerMachine:
                 actions.append(ConfirmSession(self._doubts))
         elif not self.incarnation:
             self._begin(now, actions)
+        elif not self.link_up and self._withdrawing(now):
+            self._withdraw(actions)
         elif not self.link_up:
             self._reconnect(now, actions)
         else:
@@ -419,6 +430,26 @@ class WorkerMachine:
         self.connection_number += 1
         actions.append(Reconnect(self.connection_number))
 
+    def _withdrawing(self, now: float) -> bool:
+        lost = self._link_lost_at
+        return lost is not None and now - lost >= self.withdraw_after and not self._busy
+
+    def _withdraw(self, actions: list[Action]) -> None:
+        """RabbitMQ has been out of reach for the session timeout: a worker that cannot consume
+        must not keep its grants, so it deregisters (the coordinator then moves its buckets,
+        fencing whatever connection of it the broker may still hold) and registers afresh, as a
+        new incarnation, once RabbitMQ answers again."""
+        log.warning(
+            "worker %s: no AMQP connection for %gs or more; withdrawing from its grants until "
+            "RabbitMQ answers again",
+            self.worker_id,
+            self.withdraw_after,
+        )
+        self._transition(WorkerState.WITHDRAWN)
+        self._cut_off_all(actions, void=True)
+        self.incarnation, self._link_lost_at = "", None
+        actions.append(Withdraw())
+
     def _fence_self(self, now: float, actions: list[Action]) -> None:
         """Session lost: the grants are void. Cut everything off, then register afresh."""
         if self.state is not WorkerState.FENCED:
@@ -451,6 +482,8 @@ class WorkerMachine:
 
     def _set_timer(self, now: float) -> None:
         times = [self._retry_at, *(lease.retry_at for lease in self.leases.values())]
+        if self._link_lost_at is not None:
+            times.append(self._link_lost_at + self.withdraw_after)
         if self._stop_by is not None:
             times.append(self._stop_by)
         later = [t for t in times if t > now]

@@ -35,6 +35,8 @@ class Fencer:
         me: str,
         metrics: CoordinatorMetrics,
         wake: Callable[[], None],
+        book: FenceBook | None = None,
+        on_done: Callable[[Incarnation, Sighting], None] | None = None,
     ) -> None:
         self._settings = settings
         self._me = me
@@ -42,7 +44,9 @@ class Fencer:
         self._wake = wake
         self.management = Management(settings)
         self._liveness: Liveness | None = None  # once the topology is known (``start``)
-        self.book = FenceBook()
+        self.book = book or FenceBook()
+        # Told when a fence is done: the coordinator's machine records it in the book.
+        self._on_done = on_done or self.book.done
         self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
         self.cannot_fence: str | None = None  # why the management API cannot fence, if so
 
@@ -100,7 +104,7 @@ class Fencer:
                 f"{closed} connection(s) closed" if closed else "no connection left",
             )
             self._metrics.fences.inc()
-            self.book.done(incarnation, covered)
+            self._on_done(incarnation, covered)
         finally:
             if self._fencing.get(incarnation) is asyncio.current_task():
                 del self._fencing[incarnation]

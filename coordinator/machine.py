@@ -79,11 +79,28 @@ class FenceDone:
 
 
 @dataclass(frozen=True)
+class StepDown:
+    """Stop leading (the process stops)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
-Event = Elected | SessionLost | Observed | ObserveFailed | Committed | Deposed | FenceDone | Tick
+Event = (
+    Elected
+    | SessionLost
+    | StepDown
+    | Observed
+    | ObserveFailed
+    | Committed
+    | Deposed
+    | FenceDone
+    | Tick
+)
 
 
 # ------------------------------------------------------------ actions
@@ -137,6 +154,7 @@ class CoordinatorMachine:
         settle: float,
         drain_timeout: float,
         fence_grace: float,
+        book: FenceBook | None = None,
     ) -> None:
         self.me = me
         self.buckets = buckets
@@ -144,7 +162,7 @@ class CoordinatorMachine:
         self.revoke_timeout = drain_timeout + fence_grace
         self.fence_grace = fence_grace
         self.role = Role.CANDIDATE
-        self.book = FenceBook()
+        self.book = book or FenceBook()
         self.records: dict[int, BucketRecord] = {}
         self.written: dict[str, Assignment] = {}
         self.members: set[Incarnation] = set()
@@ -170,6 +188,8 @@ class CoordinatorMachine:
                 log.warning("coordinator %s: ZooKeeper session lost; no longer leader", self.me)
                 return self._resign("session lost")
             return []
+        if isinstance(event, StepDown):
+            return self._resign(event.why)
         if self.role is not Role.LEADER:
             return []
         if isinstance(event, Observed):

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?=
 
-.PHONY: run test lint services down status venv clean chaos bench
+.PHONY: run test lint services down status venv clean chaos bench sim
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,8 +31,8 @@ test: venv services
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check hashq coordinator examples chaos tests
-	$(BIN)/ruff format --check hashq coordinator examples chaos tests
+	$(BIN)/ruff check hashq coordinator examples chaos sim tests
+	$(BIN)/ruff format --check hashq coordinator examples chaos sim tests
 	$(BIN)/mypy
 
 clean: down
@@ -44,6 +44,14 @@ SEED ?= 1
 CHAOS_ARGS ?= --rate 2000 --keys 5000
 chaos: venv services
 	$(BIN)/python -m chaos.run --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
+
+# The deterministic simulation (docs/guarantees.md): SEEDS seeds from FIRST, STEPS steps of
+# faults each; a failing seed is shrunk and printed with a command that replays it.
+SEEDS ?= 200
+FIRST ?= 1
+STEPS ?= 20000
+sim: venv
+	$(BIN)/python -m sim.run --seeds $(SEEDS) --first $(FIRST) --steps $(STEPS)
 
 # Every benchmark step in one run; figures in .bench/bench.json, the plot in docs/.
 bench: venv services

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from hashq.protocol import Assignment, BucketRecord, BucketState, Registration
 from sim.coordinator import CoordinatorConfig, SimCoordinator
 from sim.faults import Fault, draw_faults
+from sim.inject import apply, heal_all, strand
 from sim.invariants import Checker
 from sim.rabbit import Broker
 from sim.worker import PATHS, SimWorker, WorkerConfig
@@ -189,21 +190,15 @@ class Cluster:
         """The invariants checked on every step beyond those the checker sees as they happen."""
 
     def _apply(self, fault: Fault) -> None:
-        from sim.inject import apply  # noqa: PLC0415 - the injector needs the cluster's type
-
         if apply(self, fault):
             self.outcome.applied.append(fault)
             self.outcome.fault_counts[fault.kind] += 1
             self.world.note(f"fault: {fault}")
 
     def _heal(self) -> None:
-        from sim.inject import heal_all  # noqa: PLC0415
-
         heal_all(self)
         self.world.note("every fault healed")
         if self.scenario.stranded and len(self.workers) > 1:
-            from sim.inject import strand  # noqa: PLC0415
-
             self.world.run_until(self.world.now + 5.0, self._check)  # the healed take buckets
             worker = max(self.workers, key=lambda w: len(w.machine.consuming()))
             self.stranded_worker = worker.name

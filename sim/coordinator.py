@@ -194,10 +194,10 @@ class SimCoordinator(Process):
         node = self._lock_node
 
         def deleted(answer: Any) -> None:
-            if isinstance(answer, ZkError) and not isinstance(answer, NoNode):
-                if self.client.connected:
-                    self.later(RETRY_SECONDS, self._give_back)
-                    return
+            failed = isinstance(answer, ZkError) and not isinstance(answer, NoNode)
+            if failed and self.client.connected:
+                self.later(RETRY_SECONDS, self._give_back)
+                return
             self._lock_node = ""
             self._campaigning = False
             self.later(RETRY_SECONDS, self._retry_campaign)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 
 from sim.cluster import Cluster, Outcome, Scenario
 from sim.faults import FAULT_KINDS, Fault
@@ -25,6 +27,21 @@ log = logging.getLogger("sim")
 def simulate(seed: int, steps: int, faults: list[Fault] | None = None) -> Outcome:
     scenario = Scenario.draw(seed)
     return Cluster(scenario, faults).run(steps)
+
+
+def _quiet_simulate(job: tuple[int, int]) -> Outcome:
+    logging.disable(logging.CRITICAL)
+    return simulate(*job)
+
+
+def outcomes(seeds: Iterable[int], steps: int, jobs: int) -> Iterator[Outcome]:
+    """Each seed's outcome, in seed order; ``jobs`` processes at once."""
+    work = [(seed, steps) for seed in seeds]
+    if jobs <= 1:
+        yield from (simulate(*job) for job in work)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from pool.imap(_quiet_simulate, work)
 
 
 def shrink(seed: int, steps: int, outcome: Outcome) -> tuple[list[Fault], Outcome]:
@@ -78,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", help="replay with these faults (at:kind:target:duration,...)")
     parser.add_argument("--trace", action="store_true", help="log every decision, on virtual time")
     parser.add_argument("--no-shrink", action="store_true")
+    parser.add_argument("--jobs", type=int, default=1, help="processes running seeds at once")
     parser.add_argument("--json", help="write the totals here")
     args = parser.parse_args(argv)
     if args.trace:
@@ -97,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     totals: Counter[str] = Counter()
     failed = []
     began = time.monotonic()
-    for seed in seeds:
-        outcome = simulate(seed, args.steps, given)
+    runs = (
+        outcomes(seeds, args.steps, args.jobs)
+        if given is None
+        else [simulate(args.seed, args.steps, given)]
+    )
+    for outcome in runs:
+        seed = outcome.seed
         totals["seeds"] += 1
         totals["steps"] += outcome.steps
         totals["confirmed"] += outcome.confirmed

@@ -10,7 +10,6 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
 log = logging.getLogger("sim")
 
 

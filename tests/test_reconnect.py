@@ -16,8 +16,8 @@ from kazoo.exceptions import ConnectionLoss
 
 from coordinator.fence import fence
 from hashq.amqp import connect_amqp
-from hashq.management import Management
 from hashq.machines.events import Session, SessionChanged
+from hashq.management import Management
 from hashq.membership import Membership
 from hashq.message import Message
 from hashq.protocol import Registration

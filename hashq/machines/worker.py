@@ -112,6 +112,11 @@ class Lease:
     retry_at: float = 0.0  # when a failed release is written again
     since: float = 0.0  # when it was revoked (for the drain-time metric)
 
+    @property
+    def fields(self) -> dict[str, int]:
+        """For ``extra=``: the JSON log format shows them as fields."""
+        return {"bucket": self.bucket, "epoch": self.epoch}
+
 
 @dataclass
 class WorkerCounts:
@@ -229,7 +234,9 @@ class WorkerMachine:
         if isinstance(event, Subscribed):
             if event.ok:
                 lease.phase = Phase.CONSUMING
-                log.info("bucket %d epoch %d: consuming", lease.bucket, lease.epoch)
+                log.info(
+                    "bucket %d epoch %d: consuming", lease.bucket, lease.epoch, extra=lease.fields
+                )
             else:
                 log.warning("bucket %d: subscribing failed: %s", lease.bucket, event.error)
                 lease.phase, lease.void = Phase.CLOSING, True
@@ -381,7 +388,12 @@ class WorkerMachine:
         """Drain, close, then release: nothing of the bucket is acknowledged after the release."""
         lease.revoked, lease.since = True, now
         if lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING):
-            log.info("bucket %d epoch %d: revoked; draining", lease.bucket, lease.epoch)
+            log.info(
+                "bucket %d epoch %d: revoked; draining",
+                lease.bucket,
+                lease.epoch,
+                extra=lease.fields,
+            )
             lease.phase = Phase.DRAINING
             actions.append(Drain(lease.number, self.drain_timeout))
 

@@ -30,12 +30,26 @@ MOVING = (BucketState.REVOKING.value, BucketState.FENCING.value)
 class Role(enum.Enum):
     CANDIDATE = "candidate"
     """Waiting for the lock: writes nothing."""
+    CLAIMING = "claiming"
+    """Holds the lock; raising the leader epoch and reading the state: writes nothing else
+    yet. If that fails the lock must be given back: a lock node left behind would sit ahead of
+    every later one of this session, and nobody could lead."""
     LEADER = "leader"
     """Holds the lock and the current leader epoch: the only one that writes decisions."""
     STOPPED = "stopped"
 
 
 # ------------------------------------------------------------ events
+@dataclass(frozen=True)
+class LockAcquired:
+    pass
+
+
+@dataclass(frozen=True)
+class ClaimFailed:
+    error: str
+
+
 @dataclass(frozen=True)
 class Elected:
     """The lock is held and the leader epoch raised; what ZooKeeper held then."""
@@ -91,7 +105,9 @@ class Tick:
 
 
 Event = (
-    Elected
+    LockAcquired
+    | ClaimFailed
+    | Elected
     | SessionLost
     | StepDown
     | Observed
@@ -104,6 +120,17 @@ Event = (
 
 
 # ------------------------------------------------------------ actions
+@dataclass(frozen=True)
+class Claim:
+    """Raise the leader epoch (a checked set), tie the lead to this session, and read every
+    bucket record and assignment (``Elected`` or ``ClaimFailed``)."""
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    """Release the lock, retrying until ZooKeeper takes it; then campaign again."""
+
+
 @dataclass(frozen=True)
 class Observe:
     """Read the registrations and the releases (``Observed`` or ``ObserveFailed``)."""
@@ -129,12 +156,12 @@ class Fence:
 
 @dataclass(frozen=True)
 class Resign:
-    """Give the lock back and campaign again; every fence under way is abandoned."""
+    """No longer leading: every fence under way is abandoned (``GiveBack`` follows)."""
 
     why: str
 
 
-Action = Observe | Commit | Fence | Resign
+Action = Claim | GiveBack | Observe | Commit | Fence | Resign
 
 
 @dataclass
@@ -181,11 +208,20 @@ class CoordinatorMachine:
 
     # ------------------------------------------------------------ events
     def handle(self, event: Event, now: float) -> list[Action]:
+        if isinstance(event, LockAcquired):
+            self.role = Role.CLAIMING
+            return [Claim()]
+        if isinstance(event, ClaimFailed):
+            log.warning(
+                "coordinator %s: taking the lead failed (%s); retrying", self.me, event.error
+            )
+            self.role = Role.CANDIDATE
+            return [GiveBack()]
         if isinstance(event, Elected):
             return self._elected(event, now)
         if isinstance(event, SessionLost):
-            if self.role is Role.LEADER:
-                log.warning("coordinator %s: ZooKeeper session lost; no longer leader", self.me)
+            if self.role is not Role.CANDIDATE:
+                log.warning("coordinator %s: ZooKeeper session lost; not leading", self.me)
                 return self._resign("session lost")
             return []
         if isinstance(event, StepDown):
@@ -213,6 +249,8 @@ class CoordinatorMachine:
         return [Observe()]
 
     def _elected(self, event: Elected, now: float) -> list[Action]:
+        if self.role is not Role.CLAIMING:
+            return []  # the claim outlived its session: the lock went with it (``Resign``)
         self._leader_epoch, self._version = event.epoch, event.version
         # Moving buckets' ``since`` restarts on this process's clock: the previous leader's
         # means nothing here, so each pending revoke gets its full time again.
@@ -236,7 +274,9 @@ class CoordinatorMachine:
         self.role = Role.CANDIDATE
         self.records, self.written, self.fencing = {}, {}, set()
         self._busy, self._pending = False, None
-        return [Resign(why)]
+        # The lock goes back however long ZooKeeper takes: dropped after one failed try while
+        # the session lives on, its node would sit ahead of every later one of this session.
+        return [Resign(why), GiveBack()]
 
     # ------------------------------------------------------------ one observation
     def _observed(self, event: Observed, now: float) -> list[Action]:

@@ -17,6 +17,8 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.lock import Lock
@@ -57,6 +59,7 @@ class Coordinator:
         self._store: Store | None = None
         self._lock: Lock | None = None
         self._stopped = False
+        self._tasks: set[asyncio.Task[None]] = set()
         self.metrics = CoordinatorMetrics()
         self.machine: CoordinatorMachine | None = None  # once the topology is known
         self.fencer = Fencer(settings, self.me, self.metrics, self._tick, on_done=self._fence_done)
@@ -130,9 +133,9 @@ class Coordinator:
             while not stop.is_set():
                 await self._handle(await self._next_event(stop))
         finally:
-            for helper in helpers:
+            for helper in [*helpers, *self._tasks]:
                 helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await asyncio.gather(*helpers, *self._tasks, return_exceptions=True)
             await self._resign("stopping")
             self._stopped = True
             await self.fencer.close()
@@ -173,7 +176,11 @@ class Coordinator:
         elif isinstance(action, cm.Fence):
             self.fencer.start_fence(action.incarnation)
         elif isinstance(action, cm.Resign):
-            await self._resign(action.why)
+            self.fencer.cancel_all()
+        elif isinstance(action, cm.Claim):
+            self._background(self._claim())
+        elif isinstance(action, cm.GiveBack):
+            self._background(self._give_back())
 
     async def _commit(self, commit: cm.Commit) -> None:
         assert self._store is not None
@@ -192,6 +199,11 @@ class Coordinator:
             self.post(cm.Deposed(str(exc)))
             return
         self.post(cm.Committed())
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _on_children(self, children: list[str]) -> None:
         self._loop.call_soon_threadsafe(self._tick)
@@ -220,11 +232,11 @@ class Coordinator:
 
     # ------------------------------------------------------------ election
     async def _campaign(self) -> None:
-        """Wait for the lock (a ZooKeeper lock recipe: ephemeral sequential nodes), then claim
-        the lead (``Elected``); campaign again after losing it."""
-        assert self._zk is not None and self._store is not None
+        """Wait for the lock (a ZooKeeper lock recipe: ephemeral sequential nodes) whenever
+        this coordinator neither leads nor holds it; the machine decides what follows."""
+        assert self._zk is not None
         while True:
-            if self.role is Role.LEADER or self._lock is not None:
+            if self.role is not Role.CANDIDATE or self._lock is not None:
                 await asyncio.sleep(TICK_SECONDS)
                 continue
             lock = self._zk.Lock(self._paths.election, self.me)
@@ -243,36 +255,39 @@ class Coordinator:
                 await asyncio.sleep(1.0)
                 continue
             self._lock = lock
-            try:
-                leadership, version = await asyncio.to_thread(self._store.claim, self.me)
-                records = await asyncio.to_thread(self._store.records)
-                written = await asyncio.to_thread(self._store.assignments)
-            except Exception as exc:
-                # The lock is held: a new one would queue behind it for ever, so give it back.
-                log.warning("coordinator %s: taking the lead failed (%r); retrying", self.me, exc)
-                await self._give_back()
-                await asyncio.sleep(1.0)
-                continue
-            self.post(cm.Elected(leadership.epoch, version, records, written))
+            self.post(cm.LockAcquired())
+
+    async def _claim(self) -> None:
+        assert self._store is not None
+        try:
+            leadership, version = await asyncio.to_thread(self._store.claim, self.me)
+            records = await asyncio.to_thread(self._store.records)
+            written = await asyncio.to_thread(self._store.assignments)
+        except Exception as exc:
+            self.post(cm.ClaimFailed(repr(exc)))
+            return
+        self.post(cm.Elected(leadership.epoch, version, records, written))
 
     async def _give_back(self) -> None:
         """Release the held lock, retrying until ZooKeeper takes it (once the session is gone,
-        so is the lock node, and the release succeeds at once)."""
-        lock, self._lock = self._lock, None
+        so is the lock node, and the release succeeds at once); only then campaign again."""
+        lock = self._lock
         while lock is not None:
             try:
                 await asyncio.wait_for(asyncio.to_thread(lock.release), 5)
-                return
+                break
             except Exception as exc:
                 log.warning("coordinator %s: releasing the lock failed (%r)", self.me, exc)
                 await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # a claim that keeps failing is not retried in a tight loop
+        if self._lock is lock:
+            self._lock = None
 
     async def _resign(self, why: str) -> None:
-        """No longer leading (or stopping): fences under way are abandoned, the lock goes back
-        (bounded: with ZooKeeper unreachable the lock goes with the session anyway), and the
-        campaign starts again."""
+        """Stopping: fences under way are abandoned and the lock goes back, bounded (the
+        session, and the lock node with it, ends when the process closes its client)."""
         self.fencer.cancel_all()
-        if self.machine is not None and self.machine.role is Role.LEADER:
+        if self.machine is not None and self.machine.role is not Role.CANDIDATE:
             self.machine.handle(cm.StepDown(why), time.monotonic())
         lock, self._lock = self._lock, None
         if lock is not None:

@@ -26,7 +26,15 @@ from sim.process import Process
 from sim.rabbit import Broker
 from sim.worker import PATHS
 from sim.world import World
-from sim.zoo import NodeExists, NoNode, ZkClient, ZkError, ZooKeeper
+from sim.zoo import (
+    ConnectionLoss,
+    NodeExists,
+    NoNode,
+    SessionExpired,
+    ZkClient,
+    ZkError,
+    ZooKeeper,
+)
 
 TICK_SECONDS = 0.5
 RETRY_SECONDS = 1.0
@@ -84,12 +92,8 @@ class SimCoordinator(Process):
     def _zk_state(self, state: str) -> None:
         if state == "lost":
             self.post(cm.SessionLost())
-        elif (
-            state == "connected"
-            and not self._campaigning
-            and self.machine.role is cm.Role.CANDIDATE
-        ):
-            self._campaign()
+        elif state == "connected":
+            self._retry_campaign()
 
     # ------------------------------------------------------------ the machine
     def post(self, event: cm.Event) -> None:
@@ -108,6 +112,9 @@ class SimCoordinator(Process):
             self._fence(action.incarnation, generation)
         elif isinstance(action, cm.Resign):
             self._fences.clear()
+        elif isinstance(action, cm.Claim):
+            self._claim()
+        elif isinstance(action, cm.GiveBack):
             self._give_back()
 
     def _call(self, request: Callable[[ZooKeeper, int], Any], then: Callable[[Any], None]) -> None:
@@ -115,18 +122,22 @@ class SimCoordinator(Process):
 
     # ------------------------------------------------------------ election
     def _campaign(self) -> None:
-        """kazoo's lock recipe: an ephemeral sequential node named with this contender's
-        prefix, so that one created by a request whose answer was lost is found again; the
-        lowest sequence number holds the lock."""
+        """kazoo's lock recipe: an ephemeral sequential node named with a prefix of this
+        attempt's own (each campaign makes a new ``Lock``), found again if the answer to its
+        creation was lost; the lowest sequence number holds the lock."""
         self._campaigning = True
-        prefix = f"{self.name}-s{self.client.session}__lock__"
+        prefix = f"{self.name}-{next(self._generation)}__lock__"
 
         def created(answer: Any) -> None:
+            if isinstance(answer, ConnectionLoss):
+                self.later(RETRY_SECONDS, lambda: self._call(create, created))  # kazoo retries
+                return
             if isinstance(answer, ZkError):
                 self._campaigning = False
                 self.later(RETRY_SECONDS, self._retry_campaign)
                 return
             self._lock_node = answer
+            self.world.note(f"{self.name}: lock node {answer}")
             self._wait_for_lock()
 
         def create(zk: ZooKeeper, session: int) -> str:
@@ -140,6 +151,7 @@ class SimCoordinator(Process):
     def _retry_campaign(self) -> None:
         if (
             not self._campaigning
+            and not self._lock_node
             and self.machine.role is cm.Role.CANDIDATE
             and self.client.connected
         ):
@@ -147,18 +159,18 @@ class SimCoordinator(Process):
 
     def _wait_for_lock(self) -> None:
         def look(answer: Any) -> None:
-            if isinstance(answer, ZkError):
-                self._campaigning = False
-                self.later(RETRY_SECONDS, self._retry_campaign)
-                return
-            mine = self._lock_node.rsplit("/", 1)[-1]
             if not self._campaigning:
                 return  # given back meanwhile
-            if not mine or mine not in answer:
-                self._campaigning = False  # our node went with our session
+            if isinstance(answer, ZkError):
+                self.later(RETRY_SECONDS, self._wait_for_lock)  # kazoo retries
+                return
+            mine = self._lock_node.rsplit("/", 1)[-1]
+            if mine not in answer:
+                self._campaigning, self._lock_node = False, ""  # gone with our session
                 self.later(RETRY_SECONDS, self._retry_campaign)
             elif min(answer, key=lambda child: child[-10:]) == mine:
-                self._claim()
+                self._campaigning = False
+                self.post(cm.LockAcquired())
             else:
                 self.later(0.2, self._wait_for_lock)
 
@@ -180,9 +192,8 @@ class SimCoordinator(Process):
             return cm.Elected(epoch, version, _records(zk), _assignments(zk))
 
         def claimed(answer: Any) -> None:
-            self._campaigning = False
             if isinstance(answer, ZkError):
-                self._give_back()
+                self.post(cm.ClaimFailed(type(answer).__name__))
                 return
             self._alive_node = _alive(answer.epoch)
             self.post(answer)
@@ -194,8 +205,9 @@ class SimCoordinator(Process):
         node = self._lock_node
 
         def deleted(answer: Any) -> None:
-            failed = isinstance(answer, ZkError) and not isinstance(answer, NoNode)
-            if failed and self.client.connected:
+            gone = isinstance(answer, NoNode | SessionExpired)  # with the node, or the session
+            self.world.note(f"{self.name}: giving back {node}: {answer!r}")
+            if isinstance(answer, ZkError) and not gone:
                 self.later(RETRY_SECONDS, self._give_back)
                 return
             self._lock_node = ""
@@ -206,6 +218,7 @@ class SimCoordinator(Process):
             self._campaigning = False
             self.later(RETRY_SECONDS, self._retry_campaign)
             return
+        self.world.note(f"{self.name}: giving back {node}")
         self._call(lambda zk, _: zk.delete(node), deleted)
 
     # ------------------------------------------------------------ leading

@@ -44,18 +44,24 @@ def outcomes(seeds: Iterable[int], steps: int, jobs: int) -> Iterator[Outcome]:
         yield from pool.imap(_quiet_simulate, work)
 
 
+def violation_kind(text: str) -> str:
+    """What a shrunk run must still show: "reordered", "stale start", "not done ...", ..."""
+    return text.split(":", 1)[0]
+
+
 def shrink(seed: int, steps: int, outcome: Outcome) -> tuple[list[Fault], Outcome]:
     """The fewest of the applied faults that still make the seed fail (delta debugging over
     the fault list: drop halves, then quarters, ... while it still fails)."""
     faults = list(outcome.applied)
     worst = outcome
+    kind = violation_kind(outcome.violation)
     chunk = max(1, len(faults) // 2)
     while chunk >= 1 and faults:
         start, changed = 0, False
         while start < len(faults):
             trial = faults[:start] + faults[start + chunk :]
             result = simulate(seed, steps, trial)
-            if result.violation:
+            if violation_kind(result.violation) == kind:
                 faults, worst, changed = trial, result, True
             else:
                 start += chunk

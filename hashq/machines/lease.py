@@ -41,7 +41,9 @@ class LeaseCore(Generic[J]):
         self._order: InOrder[J] = InOrder()
         self._lanes: Lanes[J] = Lanes()
         self.held = 0  # delivered, not yet acknowledged or dead-lettered
-        self._running: set[J] = set()
+        # Insertion-ordered (not a set of objects hashed by address): the simulator replays a
+        # seed exactly only if every iteration order is the same in every process.
+        self._running: dict[J, None] = {}
 
     def deliver(self, tag: int, job: J) -> list[J]:
         """A delivery (tags are 1, 2, 3, ... per channel, perhaps out of order): the jobs now
@@ -59,11 +61,11 @@ class LeaseCore(Generic[J]):
         return self.state is not LeaseState.CLOSED
 
     def started(self, job: J) -> None:
-        self._running.add(job)
+        self._running[job] = None
 
     def finished(self, job: J) -> J | None:
         """``job`` was acknowledged or dead-lettered: its key's next job, now ready, if any."""
-        self._running.discard(job)
+        self._running.pop(job, None)
         if self.state is LeaseState.CLOSED:
             return None  # the channel handed everything back: nothing is held any more
         self.held -= 1
@@ -71,7 +73,7 @@ class LeaseCore(Generic[J]):
 
     def dropped(self, job: J) -> None:
         """``job`` will not finish here (its handler was cut off); it goes back to the queue."""
-        self._running.discard(job)
+        self._running.pop(job, None)
 
     def drain(self) -> None:
         if self.state is LeaseState.CONSUMING:

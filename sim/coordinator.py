@@ -99,8 +99,11 @@ class SimCoordinator(Process):
     def post(self, event: cm.Event) -> None:
         if not self.alive:
             return
+        role = self.machine.role
         for action in self.machine.handle(event, self.world.now):
             self._do(action)
+        if self.machine.role is not role:
+            self.world.note(f"{self.name}: {role.value} -> {self.machine.role.value} ({event})")
 
     def _do(self, action: cm.Action) -> None:
         if isinstance(action, cm.Observe):

@@ -11,6 +11,7 @@ FAULT_KINDS = (
     "stop",  # stop a worker cleanly; it starts again after the duration
     "freeze",  # SIGSTOP a worker or coordinator for the duration
     "amqp-partition",  # cut a worker off RabbitMQ
+    "drain-partition",  # cut a worker off RabbitMQ the next time it starts draining a bucket
     "zk-partition",  # cut a worker or coordinator off ZooKeeper
     "coordinator-crash",  # kill -9 a coordinator; it starts again after the duration
     "management-partition",  # cut a coordinator off RabbitMQ (API and liveness)

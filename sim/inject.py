@@ -15,7 +15,7 @@ def apply(cluster: Cluster, fault: Fault) -> bool:
     """Carry ``fault`` out; False if it had nothing to act on (its target is down, say)."""
     world = cluster.world
     kind, duration = fault.kind, fault.duration
-    if kind in ("crash", "stop", "amqp-partition", "server-cancel"):
+    if kind in ("crash", "stop", "amqp-partition", "drain-partition", "server-cancel"):
         index = fault.target % len(cluster.workers)
         worker = cluster.workers[index]
         if not worker.alive or worker.stopped:
@@ -28,7 +28,15 @@ def apply(cluster: Cluster, fault: Fault) -> bool:
             world.after(duration, lambda: _restart_worker(cluster, index))
         elif kind == "amqp-partition":
             cluster.broker.partition(worker.amqp_link)
-            world.after(duration, worker.amqp_link.heal)
+            world.after(duration, lambda: _heal_amqp(worker))
+        elif kind == "drain-partition":
+            # Soon after the drain began: its basic.cancel has reached the broker.
+            delay = world.rng.uniform(0.02, 1.0)
+
+            def armed() -> None:
+                world.after(delay, lambda: _partition_for(cluster, worker, duration))
+
+            worker.on_drain = armed
         else:
             return _cancel_a_consumer(cluster, worker.name)
         return True
@@ -88,7 +96,13 @@ def heal_all(cluster: Cluster) -> None:
     for process in [*cluster.workers, *cluster.coordinators]:
         _thaw(cluster, process)
         _heal_zk(process)
-        process.amqp_link.heal()
+        _heal_amqp(process)
+
+
+def _partition_for(cluster: Cluster, process: Process, duration: float) -> None:
+    cluster.world.note(f"{process.name} cut off RabbitMQ as it drains, for {duration:.2f}s")
+    cluster.broker.partition(process.amqp_link)
+    cluster.world.after(duration, lambda: _heal_amqp(process))
 
 
 def _any_process(cluster: Cluster, target: int) -> Process:
@@ -115,8 +129,13 @@ def _freeze(cluster: Cluster, process: Process) -> None:
     _cut_zk(process)
 
 
+def _heal_amqp(process: Process) -> None:
+    if not process.stranded:
+        process.amqp_link.heal()
+
+
 def _thaw(cluster: Cluster, process: Process) -> None:
-    if process.frozen_since is None:
+    if process.frozen_since is None or process.stranded:
         return
     process.amqp_link.heal()
     _heal_zk(process)
@@ -131,7 +150,7 @@ def _cut_zk(process: Process) -> None:
 
 
 def _heal_zk(process: Process) -> None:
-    if not process.zk_link.up:
+    if not process.zk_link.up and not process.stranded:
         process.zk_link.heal()
         client = getattr(process, "client", None)
         if client is not None:
@@ -150,6 +169,7 @@ def _cancel_a_consumer(cluster: Cluster, worker: str) -> bool:
 
 def strand(cluster: Cluster, worker: Process, how: str) -> None:
     """Cut ``worker`` off for good: from ZooKeeper, from RabbitMQ, from both, or frozen."""
+    worker.stranded = True
     if how in ("zk-partition", "isolated"):
         _cut_zk(worker)
     if how in ("amqp-partition", "isolated"):

@@ -14,6 +14,7 @@ class Process:
         self.world = world
         self.name = name
         self.alive = True
+        self.stranded = False  # cut off for good at the end: no earlier fault's heal undoes it
         self.frozen_since: float | None = None
         self._waiting: list[Callable[[], None]] = []
         self.amqp_link = Link(world)

@@ -101,6 +101,7 @@ class SimWorker(Process):
         self._paused = False
         self._timer_at: float | None = None
         self.stopped = False
+        self.on_drain: Callable[[], None] | None = None  # a fault armed for the next drain
 
     # ------------------------------------------------------------ life
     def start(self) -> None:
@@ -161,6 +162,9 @@ class SimWorker(Process):
             self._subscribe(action)
         elif isinstance(action, ev.Drain):
             self._drain(action.lease, action.within)
+            if self.on_drain is not None:
+                armed, self.on_drain = self.on_drain, None
+                armed()
         elif isinstance(action, ev.CutOff):
             self._close(action.lease)
         elif isinstance(action, ev.WriteRelease):
@@ -485,7 +489,7 @@ class SimWorker(Process):
 
         answered = [False]
 
-        def closed() -> None:
+        def closed(confirmed: bool = False) -> None:
             if answered[0]:
                 return
             answered[0] = True
@@ -494,11 +498,13 @@ class SimWorker(Process):
                 lease.settle_watched = True
             else:
                 self.leases.pop(number, None)
-            self.post(ev.Closed(number, running))
+            self.post(ev.Closed(number, running, confirmed))
 
         if lease.connection.client_open:
             lease.awaiting_close.append(closed)
-            lease.connection.close_channel(lease.channel, self.bound(lambda _: closed()))
+            lease.connection.close_channel(
+                lease.channel, self.bound(lambda error: closed(confirmed=not error))
+            )
         else:
             self.later(0, closed)
 

@@ -100,10 +100,14 @@ class ChannelLost:
 @dataclass(frozen=True)
 class Closed:
     """A lease's channel is closed (after ``Drain`` or ``CutOff``); ``running`` handlers of it
-    have not returned yet (``Settled`` follows when they have)."""
+    have not returned yet (``Settled`` follows when they have). ``confirmed``: the broker
+    closed the channel, or answered its close, on a connection still alive; else (the
+    connection died) the broker may still hold the channel, its consumer cancelled and its
+    unacknowledged messages checked out, until it notices."""
 
     lease: int
     running: int = 0
+    confirmed: bool = True
 
 
 @dataclass(frozen=True)

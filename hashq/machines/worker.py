@@ -109,6 +109,8 @@ class Lease:
     revoked: bool = False  # to be released once closed and settled
     void: bool = False  # granted to a lost session, or abandoned: nothing to release
     running: int = 0  # handlers still running after the close
+    connection: int = 0  # the number of the connection it was consumed on
+    unconfirmed: bool = False  # closed while its connection died: see ``_may_release``
     retry_at: float = 0.0  # when a failed release is written again
     since: float = 0.0  # when it was revoked (for the drain-time metric)
 
@@ -247,6 +249,7 @@ class WorkerMachine:
         elif isinstance(event, Closed):
             lease.phase = Phase.CLOSED if lease.phase is not Phase.RELEASING else lease.phase
             lease.running = event.running
+            lease.unconfirmed = not event.confirmed
         elif isinstance(event, Settled):
             lease.running = 0
         elif isinstance(event, ReleaseWritten):
@@ -380,7 +383,9 @@ class WorkerMachine:
         if not 0 <= bucket < self.buckets:
             log.error("granted bucket %d, which does not exist; ignored", bucket)
             return
-        lease = Lease(next(self._numbers), bucket, epoch, self.incarnation)
+        lease = Lease(
+            next(self._numbers), bucket, epoch, self.incarnation, connection=self.connection_number
+        )
         self.leases[lease.number] = lease
         actions.append(Subscribe(lease.number, bucket, epoch))
 
@@ -417,11 +422,23 @@ class WorkerMachine:
                 del self.leases[lease.number]
             elif lease.incarnation != self.incarnation or self.session is Session.LOST:
                 del self.leases[lease.number]  # that life's grants are void: it is fenced
-            elif self.session is Session.CONNECTED and now >= lease.retry_at:
+            elif self._may_release(lease, now):
                 lease.phase = Phase.RELEASING
                 actions.append(
                     WriteRelease(lease.number, lease.bucket, lease.epoch, lease.incarnation)
                 )
+
+    def _may_release(self, lease: Lease, now: float) -> bool:
+        """A release lets the next owner consume. If the lease's channel closed because its
+        connection died, the broker may not know yet: it still holds the channel, whose
+        consumer the drain cancelled, so the next owner would be the active consumer at once
+        and get later messages of a key whose earlier ones are still checked out here. A newer
+        connection of this incarnation proves the old one gone (it holds the liveness queue,
+        which the old one held until the broker dropped it); until then the release waits, and
+        the coordinator fences if it must."""
+        if self.session is not Session.CONNECTED or now < lease.retry_at:
+            return False
+        return not lease.unconfirmed or (self.link_up and self.connection_number > lease.connection)
 
     # ------------------------------------------------------------ connection and incarnation
     def _begin(self, now: float, actions: list[Action]) -> None:

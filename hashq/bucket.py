@@ -19,6 +19,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 from hashq.acks import Acker
+from hashq.amqp import connection_usable
 from hashq.machines.lease import LeaseCore, LeaseState
 from hashq.message import Message
 
@@ -102,6 +103,11 @@ class BucketLease:
         self._settled = asyncio.Event()
         self._settled.set()
         self.close_reason = ""  # why the broker closed the channel, if it did
+        self._connection: AbstractConnection | None = None
+        # Whether the broker is known to have closed the channel: it closed it, or answered
+        # our close, on a connection still alive. If the connection died instead, the broker
+        # may hold the channel (and what it delivered) until it notices.
+        self.close_confirmed = True
 
     @property
     def state(self) -> LeaseState:
@@ -112,6 +118,7 @@ class BucketLease:
 
     # ------------------------------------------------------------ consuming
     async def open(self, connection: AbstractConnection, prefetch: int) -> None:
+        self._connection = connection
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=prefetch)
         self._channel = await channel.get_underlay_channel()
@@ -219,18 +226,24 @@ class BucketLease:
         return clean
 
     async def close(self) -> None:
-        """Close the channel now: unacknowledged messages return to the queue, in order."""
+        """Close the channel now: unacknowledged messages return to the queue, in order (once
+        the broker closes it: see ``close_confirmed``)."""
         for job in self._core.close():
             job.cut_off()
         self._idle.set()
         if self._acker is not None:  # what was finished is acknowledged, not done again
             await self._acker.flush(ACK_FLUSH_WITHIN)
         channel, self._channel = self._channel, None
-        if channel is not None and not channel.is_closed:
+        if channel is None:
+            return
+        confirmed = True  # closed by the broker, if the connection still lives
+        if not channel.is_closed:
             try:
                 await channel.close()
             except Exception as exc:
                 log.debug("bucket %d: closing channel: %r", self.bucket, exc)
+                confirmed = False
+        self.close_confirmed = confirmed and connection_usable(self._connection)
 
     async def _cancel_consumer(self) -> None:
         if self._channel is None or self._consumer_tag is None:

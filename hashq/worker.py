@@ -301,7 +301,7 @@ class Worker:
         else:
             await lease.drain(drain_within)
         running = lease.running
-        self.post(ev.Closed(number, running))
+        self.post(ev.Closed(number, running, lease.close_confirmed))
         if running:
             log.warning(
                 "bucket %d epoch %d: %d handler(s) still run after the bucket's channel closed; "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -68,6 +69,7 @@ class Worker:
         self._runners: Runners | None = None
         self._connection: AbstractConnection | None = None
         self._leases: dict[int, BucketLease] = {}  # by the machine's lease number
+        self._connection_numbers = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_tick = time.monotonic()
         self._pause_limit = max(0.5, settings.zk_session_timeout / 4)
@@ -191,7 +193,7 @@ class Worker:
         incarnation = self._membership.new_incarnation()
         name = worker_connection_name(self.worker_id, incarnation)
         try:
-            await self._open_connection(name, incarnation)
+            number = await self._open_connection(name, incarnation)
             await self._membership.register(incarnation, name, self.settings.drain_timeout)
         except ConfigError as exc:
             log.error("%s", exc)
@@ -203,7 +205,7 @@ class Worker:
             await self._drop_connection()  # named for an incarnation that never registered
             self.post(ev.RegisterFailed(repr(exc)))
             return
-        self.post(ev.Registered(incarnation))
+        self.post(ev.Registered(incarnation, number))
 
     async def _reconnect(self, number: int) -> None:
         """Connection ``number`` of this incarnation, announced before anything is consumed on
@@ -212,7 +214,7 @@ class Worker:
         incarnation = self.machine.incarnation
         name = worker_connection_name(self.worker_id, incarnation, number)
         try:
-            await self._open_connection(name, incarnation)
+            number = await self._open_connection(name, incarnation)
             read = await self._membership.announce(name)
         except RegistrationGone as exc:
             await self._drop_connection()
@@ -224,25 +226,23 @@ class Worker:
             self.post(ev.LinkFailed(repr(exc)))
             return
         self.post(read)
-        self.post(ev.LinkUp())
+        self.post(ev.LinkUp(number))
 
-    async def _open_connection(self, name: str, incarnation: str) -> None:
+    async def _open_connection(self, name: str, incarnation: str) -> int:
         """Connect, and hold the incarnation's liveness queue (``Topology.liveness_queue``)
         before the connection is named in the registration. While an earlier connection of the
         incarnation still holds it (the broker has not noticed that it died), this fails and is
         retried: two connections of one incarnation never consume at once."""
         connection = await connect_amqp(self.settings, name)
+        number = next(self._connection_numbers)
         self._connection = connection
-        connection.close_callbacks.add(lambda *_: self._connection_closed(connection))
+        connection.close_callbacks.add(lambda *_: self.post(ev.LinkLost(number)))
         channel = await connection.channel()
         liveness = self.topology.liveness_queue(self.worker_id, incarnation)
         await channel.declare_queue(liveness, exclusive=True, auto_delete=True)
         await channel.close()
         await self._dead_letters.open(connection)
-
-    def _connection_closed(self, connection: AbstractConnection) -> None:
-        if connection is self._connection:
-            self.post(ev.LinkLost())
+        return number
 
     async def _drop_connection(self) -> None:
         if self._connection is not None:

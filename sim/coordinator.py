@@ -226,24 +226,36 @@ class SimCoordinator(Process):
 
     # ------------------------------------------------------------ leading
     def _observe(self) -> None:
-        def read(zk: ZooKeeper, _: int) -> cm.Observed:
-            workers = {}
-            for name in zk.children(PATHS.workers):
-                workers[name] = Registration.decode(zk.get(PATHS.worker(name))[0])
-            releases = {}
+        """``Store.workers`` then ``Store.releases``: two requests, as in production, so a
+        release may appear between them."""
+
+        def read_workers(zk: ZooKeeper, _: int) -> dict[str, Registration]:
+            return {
+                name: Registration.decode(zk.get(PATHS.worker(name))[0])
+                for name in zk.children(PATHS.workers)
+            }
+
+        def read_releases(zk: ZooKeeper, _: int) -> dict[tuple[int, int], str]:
+            found = {}
             for name in zk.children(PATHS.releases):
                 parsed = parse_release_name(name)
                 if parsed is not None:
-                    releases[parsed] = name
-            return cm.Observed(workers, releases)
+                    found[parsed] = name
+            return found
 
-        def observed(answer: Any) -> None:
+        def got_workers(answer: Any) -> None:
+            if isinstance(answer, ZkError):
+                self.post(cm.ObserveFailed(type(answer).__name__))
+                return
+            self._call(read_releases, lambda releases: got_releases(answer, releases))
+
+        def got_releases(workers: dict[str, Registration], answer: Any) -> None:
             if isinstance(answer, ZkError):
                 self.post(cm.ObserveFailed(type(answer).__name__))
             else:
-                self.post(answer)
+                self.post(cm.Observed(workers, answer))
 
-        self._call(read, observed)
+        self._call(read_workers, got_workers)
 
     def _commit(self, commit: cm.Commit) -> None:
         alive = getattr(self, "_alive_node", "")

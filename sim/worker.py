@@ -96,6 +96,7 @@ class SimWorker(Process):
         self.leases: dict[int, SimLease] = {}  # by machine lease number
         self._channels = itertools.count(1)
         self._incarnations = itertools.count(1)
+        self._connection_numbers = itertools.count(1)
         self._ready: deque[Job] = deque()
         self._running = 0
         self._paused = False
@@ -210,7 +211,7 @@ class SimWorker(Process):
                 self._drop_connection()
                 self.post(ev.RegisterFailed(type(answer).__name__))
             else:
-                self.post(ev.Registered(incarnation))
+                self.post(ev.Registered(incarnation, number))
 
         def opened(error: str) -> None:
             if error:
@@ -223,18 +224,20 @@ class SimWorker(Process):
                 self.bound(registered),
             )
 
-        self._open(name, incarnation, opened)
+        number = self._open(name, incarnation, opened)
 
-    def _open(self, name: str, incarnation: str, done: Callable[[str], None]) -> None:
-        client = _Client(self)
+    def _open(self, name: str, incarnation: str, done: Callable[[str], None]) -> int:
+        """Open a connection and take the liveness queue on it; returns its number."""
+        client = _Client(self, next(self._connection_numbers))
         connection = self.broker.connect(name, client, self.amqp_link)
         client.connection = connection
         if connection is None:
             self.later(0.01, lambda: done("connection refused"))
-            return
+            return client.number
         self.connection = connection
         liveness = f"alive.{self.worker_id}.{incarnation}"
         connection.declare_exclusive(liveness, self.bound(done))
+        return client.number
 
     def _reconnect(self, number: int) -> None:
         self._drop_connection()
@@ -247,7 +250,7 @@ class SimWorker(Process):
                 self._drop_connection()
                 self.post(ev.LinkFailed(type(answer).__name__, registration_gone=gone))
                 return
-            self._read_assignment_then(lambda: self.post(ev.LinkUp()))
+            self._read_assignment_then(lambda: self.post(ev.LinkUp(number)))
 
         def opened(error: str) -> None:
             if error:
@@ -260,7 +263,7 @@ class SimWorker(Process):
                 self.bound(announced),
             )
 
-        self._open(name, incarnation, opened)
+        number = self._open(name, incarnation, opened)
 
     def _read_assignment_then(self, then: Callable[[], None]) -> None:
         def take(answer: Any) -> None:
@@ -320,11 +323,11 @@ class SimWorker(Process):
             connection.close()
             self._connection_gone(connection)
 
-    def connection_closed(self, connection: Connection) -> None:
+    def connection_closed(self, connection: Connection, number: int) -> None:
         if connection is self.connection:
             self.connection = None
             self._connection_gone(connection)
-            self.post(ev.LinkLost())
+        self.post(ev.LinkLost(number))
 
     def _connection_gone(self, connection: Connection) -> None:
         for lease in list(self.leases.values()):
@@ -512,8 +515,9 @@ class SimWorker(Process):
 class _Client:
     """The broker's calls into the worker, each run inside its process."""
 
-    def __init__(self, worker: SimWorker) -> None:
+    def __init__(self, worker: SimWorker, number: int) -> None:
         self._worker = worker
+        self.number = number
         self.connection: Connection | None = None
 
     def delivered(self, channel: int, tag: int, msg: Msg, redelivered: bool) -> None:
@@ -529,7 +533,7 @@ class _Client:
         )
 
     def connection_closed(self, reason: str) -> None:
-        self._worker.run(lambda: self._worker.connection_closed(self._conn()))
+        self._worker.run(lambda: self._worker.connection_closed(self._conn(), self.number))
 
     def _conn(self) -> Connection:
         assert self.connection is not None

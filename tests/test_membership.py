@@ -11,7 +11,7 @@ from hashq.protocol import Assignment
 def _registered() -> WorkerMachine:
     machine = WorkerMachine("w1", 4, drain_timeout=1, stop_within=5, withdraw_after=5)
     assert ev.BeginIncarnation() in machine.handle(ev.Tick(), 0.0)
-    machine.handle(ev.Registered("i1"), 0.1)
+    machine.handle(ev.Registered("i1", 1), 0.1)
     return machine
 
 

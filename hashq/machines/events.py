@@ -55,9 +55,11 @@ class AssignmentRead:
 
 @dataclass(frozen=True)
 class Registered:
-    """A new incarnation opened its first connection and registered."""
+    """A new incarnation opened its first connection (``connection``: the runtime's number for
+    it, rising over the process's life) and registered."""
 
     incarnation: str
+    connection: int
 
 
 @dataclass(frozen=True)
@@ -67,12 +69,17 @@ class RegisterFailed:
 
 @dataclass(frozen=True)
 class LinkLost:
-    """The AMQP connection closed."""
+    """AMQP connection ``connection`` closed. It may be reported before the ``LinkUp`` or
+    ``Registered`` that opened it (the connection died while it was being announced)."""
+
+    connection: int
 
 
 @dataclass(frozen=True)
 class LinkUp:
-    """A new connection is open, holds the liveness queue, and was announced."""
+    """Connection ``connection`` is open, holds the liveness queue, and was announced."""
+
+    connection: int
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,8 @@ class WorkerMachine:
         self._assignment_zxid = -1
         self.link_up = False  # the AMQP connection of this incarnation is usable
         self._link_lost_at: float | None = None  # when it stopped being usable
+        self._connection = 0  # the runtime's number of the current connection
+        self._dead_connection = 0  # the highest such number reported lost
         self.connection_number = 0
         self.reconnect_attempts = 0
         self.leases: dict[int, Lease] = {}  # by number
@@ -207,18 +209,19 @@ class WorkerMachine:
         elif isinstance(event, Registered):
             self._busy, self._link_lost_at = False, None
             self.incarnation, self.session = event.incarnation, Session.CONNECTED
-            self.link_up, self.connection_number, self.reconnect_attempts = True, 1, 0
+            self.connection_number, self.reconnect_attempts = 1, 0
+            self._link_to(event.connection, now)
         elif isinstance(event, RegisterFailed):
             self._busy, self._retry_at = False, now + RETRY_SECONDS
         elif isinstance(event, LinkLost):
-            self.link_up = False
-            if self._link_lost_at is None:
-                self._link_lost_at = now
+            self._dead_connection = max(self._dead_connection, event.connection)
+            if event.connection == self._connection:
+                self._link_lost(now)
         elif isinstance(event, LinkUp):
-            self._busy, self.link_up, self._link_lost_at = False, True, None
-            if self.reconnect_attempts > 1:
+            self._busy = False
+            if self._link_to(event.connection, now) and self.reconnect_attempts > 1:
                 log.info("AMQP connection back after %d attempts", self.reconnect_attempts)
-            self.reconnect_attempts = 0
+            self.reconnect_attempts = 0 if self.link_up else self.reconnect_attempts
         elif isinstance(event, LinkFailed):
             self._busy, self._retry_at = False, now + RETRY_SECONDS
             if event.registration_gone:
@@ -254,6 +257,23 @@ class WorkerMachine:
             lease.running = 0
         elif isinstance(event, ReleaseWritten):
             self._release_written(lease, event, now)
+
+    def _link_to(self, connection: int, now: float) -> bool:
+        """Take ``connection`` as the current one; False (and the link down) if it was
+        reported lost already."""
+        self._connection = connection
+        self.link_up = connection > self._dead_connection
+        if self.link_up:
+            self._link_lost_at = None
+        else:
+            self._link_lost(now)
+            self._retry_at = now + RETRY_SECONDS
+        return self.link_up
+
+    def _link_lost(self, now: float) -> None:
+        self.link_up = False
+        if self._link_lost_at is None:
+            self._link_lost_at = now
 
     def _channel_lost(self, lease: Lease, event: ChannelLost, actions: list[Action]) -> None:
         if event.consumer_timeout and lease.phase in (Phase.CONSUMING, Phase.DRAINING):

@@ -74,7 +74,7 @@ class Worker:
         self._last_tick = time.monotonic()
         self._pause_limit = max(0.5, settings.zk_session_timeout / 4)
         self._reminded = 0.0
-        self._fatal: ConfigError | None = None  # a setting that makes running impossible
+        self._fatal: BaseException | None = None  # why the worker cannot go on, if so
         self.metrics = WorkerMetrics([state.value for state in WorkerState])
         self.metrics.watch(  # read when scraped, so the hot path does not keep them
             grants=lambda: len(self.machine.consuming()),
@@ -183,7 +183,19 @@ class Worker:
     def _start(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """An action's task ended. One that raised is a bug, not a fault (faults become
+        events): the worker says so and exits, rather than wait for an event that never
+        comes."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.error("worker %s: an action failed: %r; exiting", self.worker_id, error, exc_info=error)
+        self._fatal = error
+        self.post(ev.Stop())
 
     # ------------------------------------------------------------ incarnations and connections
     async def _begin_incarnation(self) -> None:

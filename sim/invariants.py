@@ -9,7 +9,8 @@
 - no stale starts: nothing of a bucket starts at an epoch older than one already started;
 - epochs rise: every grant of a bucket is at a higher epoch than the one before;
 - one consumer per bucket queue and epoch: the broker never has two consumers of one queue
-  registered for the same epoch.
+  registered for the same epoch;
+- a worker ends only when told to stop (``sim.worker``).
 
 And at the end, after every fault healed (``final``): nothing confirmed is lost, every queue is
 empty, every live worker holds its share.

@@ -22,7 +22,7 @@ from hashq.protocol import Assignment, Paths, Registration, Release, worker_conn
 from sim.invariants import Checker, Execution
 from sim.process import Process
 from sim.rabbit import Broker, Connection, Msg
-from sim.world import World
+from sim.world import Violation, World
 from sim.zoo import ConnectionLoss, NodeExists, NoNode, SessionExpired, ZkClient, ZkError, ZooKeeper
 
 PATHS = Paths("sim")
@@ -102,6 +102,7 @@ class SimWorker(Process):
         self._paused = False
         self._timer_at: float | None = None
         self.stopped = False
+        self.told_to_stop = False
         self.on_drain: Callable[[], None] | None = None  # a fault armed for the next drain
 
     # ------------------------------------------------------------ life
@@ -111,6 +112,7 @@ class SimWorker(Process):
         self.post(ev.Tick())
 
     def stop(self) -> None:
+        self.told_to_stop = True
         self.run(lambda: self.post(ev.Stop()))
 
     def kill(self) -> None:
@@ -311,6 +313,8 @@ class SimWorker(Process):
         self.client.call(lambda zk, _: zk.delete(PATHS.worker(self.worker_id)), lambda _: None)
 
     def _finish(self) -> None:
+        if not self.told_to_stop:
+            raise Violation(f"worker {self.name} ended without being told to stop")
         self.stopped = True
         self.client.close()
         self._drop_connection()

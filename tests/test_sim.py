@@ -1,6 +1,7 @@
-"""The deterministic simulation (``sim/``): a budget of seeds on every ``make test``, the seeds
-that once found a bug, and the simulator's own promises (a seed replays exactly; a failing run
-shrinks to fewer faults that still fail).
+"""The deterministic simulation (``sim/``): a budget of seeds on every ``make test``, the bugs
+it found (each fixed, and each still found by its seed when the fix is taken out), and the
+simulator's own promises (a seed replays exactly; a failing run shrinks to fewer faults that
+still fail).
 
 ``HASHQ_SIM_SEEDS`` sets the budget (``make sim`` runs more; docs/guarantees.md reports a long
 run)."""
@@ -8,22 +9,77 @@ run)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
 import coordinator.handover as handover
+from coordinator import machine as cm
+from hashq.machines.events import Session
+from hashq.machines.worker import Lease, WorkerMachine
 from sim.cluster import Cluster, Scenario
+from sim.coordinator import SimCoordinator
 from sim.run import outcomes, shrink, simulate
 
 STEPS = 20000
 BUDGET = int(os.environ.get("HASHQ_SIM_SEEDS", "240"))
 
-# Seeds that found a bug, and what it was. Each failed before its fix and must pass now.
-REGRESSIONS = {
-    4: "a worker cut off from RabbitMQ, still registered, kept its grants: its buckets stalled",
-    8: "the same, with thread handlers",
-    57: "the same, with one message left behind",
+
+def _no_withdraw(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(WorkerMachine, "_withdrawing", lambda self, now: False)
+
+
+def _release_on_any_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    def may_release(self: WorkerMachine, lease: Lease, now: float) -> bool:
+        return self.session is Session.CONNECTED and now >= lease.retry_at
+
+    monkeypatch.setattr(WorkerMachine, "_may_release", may_release)
+
+
+def _any_connection_is_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    def link_to(self: WorkerMachine, connection: int, now: float) -> bool:
+        self._connection, self.link_up, self._link_lost_at = connection, True, None
+        return True
+
+    monkeypatch.setattr(WorkerMachine, "_link_to", link_to)
+
+
+def _lock_released_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old resignation: one attempt to delete the lock node, then campaign again."""
+    resign, do = cm.CoordinatorMachine._resign, SimCoordinator._do
+
+    def without_give_back(self: cm.CoordinatorMachine, why: str) -> list[cm.Action]:
+        return [a for a in resign(self, why) if not isinstance(a, cm.GiveBack)]
+
+    def resign_once(self: SimCoordinator, action: cm.Action) -> None:
+        do(self, action)
+        if isinstance(action, cm.Resign):
+            node, self._lock_node = self._lock_node, ""
+            if node:
+                self._call(lambda zk, _: zk.delete(node), lambda _: None)
+            self.later(1.0, self._retry_campaign)
+
+    monkeypatch.setattr(cm.CoordinatorMachine, "_resign", without_give_back)
+    monkeypatch.setattr(SimCoordinator, "_do", resign_once)
+
+
+# Bugs the simulation found: a seed that showed each, and the fix taken back out.
+FOUND: dict[str, tuple[int, Callable[[pytest.MonkeyPatch], None]]] = {
+    "a worker cut off from RabbitMQ kept its grants": (4, _no_withdraw),
+    "a revoked bucket released before the broker dropped its channel": (50, _release_on_any_close),
+    "a connection that died while announced was taken as up": (43, _any_connection_is_up),
+    "a deposed leader's lock node blocked every election": (28, _lock_released_once),
 }
+
+
+@pytest.mark.parametrize("bug", sorted(FOUND))
+def test_a_bug_the_simulation_found_stays_fixed_and_its_seed_still_finds_it(
+    bug: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed, take_fix_out = FOUND[bug]
+    assert simulate(seed, STEPS).violation == ""
+    take_fix_out(monkeypatch)
+    assert simulate(seed, STEPS).violation, f"seed {seed} no longer shows: {bug}"
 
 
 def test_a_budget_of_seeds_keeps_every_invariant() -> None:
@@ -33,12 +89,6 @@ def test_a_budget_of_seeds_keeps_every_invariant() -> None:
         if outcome.violation
     }
     assert failed == {}
-
-
-@pytest.mark.parametrize("seed", sorted(REGRESSIONS))
-def test_a_seed_that_once_found_a_bug_passes(seed: int) -> None:
-    outcome = simulate(seed, STEPS)
-    assert outcome.violation == "", REGRESSIONS[seed]
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -200,7 +200,12 @@ class Cluster:
         self.world.note("every fault healed")
         if self.scenario.stranded and len(self.workers) > 1:
             self.world.run_until(self.world.now + 5.0, self._check)  # the healed take buckets
-            worker = max(self.workers, key=lambda w: len(w.machine.consuming()))
+            # The worker holding most, and among those one that reconnected (its earlier
+            # connections fenced or lost): the fence of its newest connection matters.
+            worker = max(
+                self.workers,
+                key=lambda w: (len(w.machine.consuming()), w.machine.connection_number > 1),
+            )
             self.stranded_worker = worker.name
             strand(self, worker, self.scenario.stranded)
             self.world.note(f"worker {worker.name} stranded for good: {self.scenario.stranded}")

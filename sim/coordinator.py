@@ -74,6 +74,7 @@ class SimCoordinator(Process):
         self._campaigning = False
         self._generation = itertools.count(1)
         self._fences: dict[Incarnation, int] = {}  # the generation each fence runs under
+        self.on_claim: Callable[[], None] | None = None  # a fault armed for the next claim
 
     def start(self) -> None:
         for path in (PATHS.workers, PATHS.releases):
@@ -180,10 +181,11 @@ class SimCoordinator(Process):
         self._call(lambda zk, _: zk.children(PATHS.election), look)
 
     def _claim(self) -> None:
-        """``Store.claim``, then read the records and assignments: one request here."""
+        """``Store.claim``, then the records, then the assignments: three requests, as in
+        production, any of which may fail with the lock held."""
         me = self.name
 
-        def claim(zk: ZooKeeper, session: int) -> cm.Elected:
+        def claim(zk: ZooKeeper, session: int) -> tuple[int, int]:
             try:
                 data, stat = zk.get(PATHS.leader)
                 epoch = Leadership.decode(data).epoch + 1
@@ -192,16 +194,35 @@ class SimCoordinator(Process):
                 zk.create(PATHS.leader, Leadership(me, 1).encode())
                 epoch, version = 1, 0
             zk.create(_alive(epoch), me.encode(), session)
-            return cm.Elected(epoch, version, _records(zk), _assignments(zk))
+            return epoch, version
 
         def claimed(answer: Any) -> None:
             if isinstance(answer, ZkError):
                 self.post(cm.ClaimFailed(type(answer).__name__))
                 return
-            self._alive_node = _alive(answer.epoch)
-            self.post(answer)
+            epoch, version = answer
+            self._alive_node = _alive(epoch)
+            self._call(lambda zk, _: _records(zk), lambda records: read(epoch, version, records))
+
+        def read(epoch: int, version: int, records: Any) -> None:
+            if isinstance(records, ZkError):
+                self.post(cm.ClaimFailed(type(records).__name__))
+                return
+            self._call(
+                lambda zk, _: _assignments(zk),
+                lambda written: elected(epoch, version, records, written),
+            )
+
+        def elected(epoch: int, version: int, records: Any, written: Any) -> None:
+            if isinstance(written, ZkError):
+                self.post(cm.ClaimFailed(type(written).__name__))
+            else:
+                self.post(cm.Elected(epoch, version, records, written))
 
         self._call(claim, claimed)
+        if self.on_claim is not None:
+            armed, self.on_claim = self.on_claim, None
+            armed()
 
     def _give_back(self) -> None:
         """Delete our lock node, retrying until ZooKeeper takes it, then campaign again."""

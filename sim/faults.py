@@ -13,6 +13,9 @@ FAULT_KINDS = (
     "amqp-partition",  # cut a worker off RabbitMQ
     "drain-partition",  # cut a worker off RabbitMQ the next time it starts draining a bucket
     "zk-partition",  # cut a worker or coordinator off ZooKeeper
+    "leader-zk-partition",  # cut the leading coordinator off ZooKeeper, within its session
+    "claim-partition",  # ... a coordinator off ZooKeeper just after it took the lock
+    "confirm-freeze",  # freeze a worker again while it asks whether its session lives
     "coordinator-crash",  # kill -9 a coordinator; it starts again after the duration
     "management-partition",  # cut a coordinator off RabbitMQ (API and liveness)
     "management-failing",  # the management API fails every call

@@ -51,7 +51,51 @@ def apply(cluster: Cluster, fault: Fault) -> bool:
             _cut_zk(process)
             world.after(duration, lambda: _heal_zk(process))
         return True
+    if kind in ("confirm-freeze", "claim-partition", "leader-zk-partition"):
+        return _apply_armed(cluster, fault)
     return _apply_to_servers(cluster, fault)
+
+
+def _apply_armed(cluster: Cluster, fault: Fault) -> bool:
+    """Faults timed by the protocol itself: they strike at the moment a decision is taken."""
+    world = cluster.world
+    session = cluster.scenario.coordinator_config.session_timeout
+    if fault.kind == "confirm-freeze":
+        worker = cluster.workers[fault.target % len(cluster.workers)]
+        seconds = session * world.rng.uniform(1.5, 3.0)
+
+        def freeze_again() -> None:
+            if worker.alive and worker.frozen_since is None and not worker.stranded:
+                world.note(f"{worker.name} frozen again as it checks its session")
+                _freeze(cluster, worker)
+                world.after(seconds, lambda: _thaw(cluster, worker))
+
+        def armed() -> None:
+            world.after(world.rng.uniform(0.0, 0.01), freeze_again)
+
+        worker.on_confirm = armed
+        return worker.alive
+    coordinators = cluster.coordinators
+    if fault.kind == "claim-partition":
+        coordinator = coordinators[fault.target % len(coordinators)]
+        coordinator.on_claim = lambda: _cut_zk_for(cluster, coordinator, session)
+        return coordinator.alive
+    leaders = [c for c in coordinators if c.alive and c.machine.role.value == "leader"]
+    if not leaders:
+        return False
+    _cut_zk_for(cluster, leaders[0], session)
+    return True
+
+
+def _cut_zk_for(cluster: Cluster, process: Process, session: float) -> None:
+    """Off ZooKeeper for less than its session timeout: the session, and its nodes, survive."""
+    world = cluster.world
+    seconds = session * world.rng.uniform(0.2, 0.8)
+    if not process.zk_link.up or not process.alive:
+        return
+    world.note(f"{process.name} cut off ZooKeeper for {seconds:.2f}s")
+    _cut_zk(process)
+    world.after(seconds, lambda: _heal_zk(process))
 
 
 def _apply_to_servers(cluster: Cluster, fault: Fault) -> bool:

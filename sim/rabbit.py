@@ -83,7 +83,9 @@ class Connection:
         self.open = True  # on the broker's side
         self.client_open = True
         self.channels: dict[int, Channel] = {}
-        self.listed_at = broker.world.now + broker.world.rng.uniform(0, broker.listing_lag)
+        # Late, but never later than the lag the coordinators are told (their contract).
+        lag = broker.listing_lag * broker.world.rng.uniform(0.5, 1.0)
+        self.listed_at = broker.world.now + lag
         self.link = link
         self._waiting: dict[int, Callable[[str], None]] = {}  # requests not answered yet
         self._requests = 0

@@ -95,7 +95,6 @@ class SimWorker(Process):
         self.connection: Connection | None = None
         self.leases: dict[int, SimLease] = {}  # by machine lease number
         self._channels = itertools.count(1)
-        self._incarnations = itertools.count(1)
         self._connection_numbers = itertools.count(1)
         self._ready: deque[Job] = deque()
         self._running = 0
@@ -104,6 +103,7 @@ class SimWorker(Process):
         self.stopped = False
         self.told_to_stop = False
         self.on_drain: Callable[[], None] | None = None  # a fault armed for the next drain
+        self.on_confirm: Callable[[], None] | None = None  # ... for the next session check
 
     # ------------------------------------------------------------ life
     def start(self) -> None:
@@ -161,6 +161,9 @@ class SimWorker(Process):
             self._pump()
         elif isinstance(action, ev.ConfirmSession):
             self._confirm(action.asked)
+            if self.on_confirm is not None:
+                armed, self.on_confirm = self.on_confirm, None
+                armed()
         elif isinstance(action, ev.Subscribe):
             self._subscribe(action)
         elif isinstance(action, ev.Drain):
@@ -205,7 +208,7 @@ class SimWorker(Process):
     def _begin(self) -> None:
         """Open connection 1 of a new incarnation, hold its liveness queue, then register."""
         self._drop_connection()
-        incarnation = f"{self.worker_id}i{next(self._incarnations)}"
+        incarnation = f"{self.worker_id}i{self.world.unique()}"
         name = worker_connection_name(self.worker_id, incarnation)
 
         def registered(answer: Any) -> None:

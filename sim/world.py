@@ -36,6 +36,13 @@ class World:
         self._heap: list[_Timer] = []
         self._order = 0
         self.trace: list[str] = []  # what happened, newest last (for a failing seed's report)
+        self._ids = 0
+
+    def unique(self) -> int:
+        """A number never given before in this run (incarnations are unique for good, as the
+        random ones of production are)."""
+        self._ids += 1
+        return self._ids
 
     def after(self, delay: float, action: Callable[[], None]) -> _Timer:
         self._order += 1

@@ -200,11 +200,15 @@ class Cluster:
         self.world.note("every fault healed")
         if self.scenario.stranded and len(self.workers) > 1:
             self.world.run_until(self.world.now + 5.0, self._check)  # the healed take buckets
-            # The worker holding most, and among those one that reconnected (its earlier
-            # connections fenced or lost): the fence of its newest connection matters.
+            # One that was fenced once and lived on (its next fence must close its newer
+            # connection), else one that reconnected; among those, the one holding most.
             worker = max(
                 self.workers,
-                key=lambda w: (len(w.machine.consuming()), w.machine.connection_number > 1),
+                key=lambda w: (
+                    w.was_fenced and bool(w.machine.consuming()),
+                    w.machine.connection_number > 1 and bool(w.machine.consuming()),
+                    len(w.machine.consuming()),
+                ),
             )
             self.stranded_worker = worker.name
             strand(self, worker, self.scenario.stranded)

@@ -15,7 +15,9 @@ FAULT_KINDS = (
     "zk-partition",  # cut a worker or coordinator off ZooKeeper
     "leader-zk-partition",  # cut the leading coordinator off ZooKeeper, within its session
     "claim-partition",  # ... a coordinator off ZooKeeper just after it took the lock
-    "confirm-freeze",  # freeze a worker again while it asks whether its session lives
+    "commit-partition",  # ... a coordinator off ZooKeeper as it commits (within its session)
+    "confirm-freeze",  # freeze a worker as its session check's answer arrives
+    "announce-cut",  # the broker closes a worker's new connection while it is announced
     "coordinator-crash",  # kill -9 a coordinator; it starts again after the duration
     "management-partition",  # cut a coordinator off RabbitMQ (API and liveness)
     "management-failing",  # the management API fails every call

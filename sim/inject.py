@@ -51,9 +51,18 @@ def apply(cluster: Cluster, fault: Fault) -> bool:
             _cut_zk(process)
             world.after(duration, lambda: _heal_zk(process))
         return True
-    if kind in ("confirm-freeze", "claim-partition", "leader-zk-partition"):
+    if kind in ARMED:
         return _apply_armed(cluster, fault)
     return _apply_to_servers(cluster, fault)
+
+
+ARMED = (
+    "confirm-freeze",
+    "announce-cut",
+    "claim-partition",
+    "commit-partition",
+    "leader-zk-partition",
+)
 
 
 def _apply_armed(cluster: Cluster, fault: Fault) -> bool:
@@ -70,15 +79,29 @@ def _apply_armed(cluster: Cluster, fault: Fault) -> bool:
                 _freeze(cluster, worker)
                 world.after(seconds, lambda: _thaw(cluster, worker))
 
-        def armed() -> None:
-            world.after(world.rng.uniform(0.0, 0.01), freeze_again)
+        worker.on_confirm = freeze_again
+        return worker.alive
+    if fault.kind == "announce-cut":
+        worker = cluster.workers[fault.target % len(cluster.workers)]
 
-        worker.on_confirm = armed
+        def cut_new_connection() -> None:
+            def cut() -> None:
+                if worker.connection is not None and worker.alive:
+                    world.note(f"{worker.name}: its new connection closed as it is announced")
+                    cluster.broker.close_connection(worker.connection, "CONNECTION_FORCED")
+
+            world.after(world.rng.uniform(0.001, 0.03), cut)
+
+        worker.on_reconnect = cut_new_connection
         return worker.alive
     coordinators = cluster.coordinators
     if fault.kind == "claim-partition":
         coordinator = coordinators[fault.target % len(coordinators)]
         coordinator.on_claim = lambda: _cut_zk_for(cluster, coordinator, session)
+        return coordinator.alive
+    if fault.kind == "commit-partition":
+        coordinator = coordinators[fault.target % len(coordinators)]
+        coordinator.on_commit = lambda: _cut_zk_for(cluster, coordinator, session)
         return coordinator.alive
     leaders = [c for c in coordinators if c.alive and c.machine.role.value == "leader"]
     if not leaders:

@@ -104,6 +104,8 @@ class SimWorker(Process):
         self.told_to_stop = False
         self.on_drain: Callable[[], None] | None = None  # a fault armed for the next drain
         self.on_confirm: Callable[[], None] | None = None  # ... for the next session check
+        self.on_reconnect: Callable[[], None] | None = None  # ... for the next reconnection
+        self.was_fenced = False  # a connection of it was closed through the management API
 
     # ------------------------------------------------------------ life
     def start(self) -> None:
@@ -161,9 +163,6 @@ class SimWorker(Process):
             self._pump()
         elif isinstance(action, ev.ConfirmSession):
             self._confirm(action.asked)
-            if self.on_confirm is not None:
-                armed, self.on_confirm = self.on_confirm, None
-                armed()
         elif isinstance(action, ev.Subscribe):
             self._subscribe(action)
         elif isinstance(action, ev.Drain):
@@ -245,6 +244,9 @@ class SimWorker(Process):
         return client.number
 
     def _reconnect(self, number: int) -> None:
+        if self.on_reconnect is not None:
+            armed, self.on_reconnect = self.on_reconnect, None
+            armed()
         self._drop_connection()
         incarnation = self.machine.incarnation
         name = worker_connection_name(self.worker_id, incarnation, number)
@@ -300,7 +302,15 @@ class SimWorker(Process):
                 found = ev.Session.CONNECTED if ours and current else ev.Session.LOST
             self.post(ev.SessionConfirmed(asked, found))
 
-        self.client.call(lambda zk, _: zk.get(PATHS.worker(self.worker_id)), self.bound(verdict))
+        def arrived(answer: Any) -> None:
+            # The answer is queued for the loop; a process stopped right then takes it only
+            # after it resumes (an armed fault does exactly that).
+            if self.on_confirm is not None:
+                armed, self.on_confirm = self.on_confirm, None
+                armed()
+            self.run(lambda: verdict(answer))
+
+        self.client.call(lambda zk, _: zk.get(PATHS.worker(self.worker_id)), arrived)
 
     def _write_release(self, action: ev.WriteRelease) -> None:
         release = Release(self.worker_id, action.incarnation, action.bucket, action.epoch).encode()
@@ -540,6 +550,8 @@ class _Client:
         )
 
     def connection_closed(self, reason: str) -> None:
+        if "fenced" in reason:
+            self._worker.was_fenced = True
         self._worker.run(lambda: self._worker.connection_closed(self._conn(), self.number))
 
     def _conn(self) -> Connection:

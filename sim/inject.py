@@ -178,9 +178,14 @@ def _any_process(cluster: Cluster, target: int) -> Process:
 
 
 def _restart_worker(cluster: Cluster, index: int) -> None:
+    """Start worker ``index`` again once it has ended (a clean stop may take a while)."""
     worker = cluster.workers[index]
+    if worker.stranded:
+        return
     if not worker.alive or worker.stopped:
         cluster.start_worker(index)
+    elif worker.told_to_stop:
+        cluster.world.after(0.5, lambda: _restart_worker(cluster, index))
 
 
 def _restart_coordinator(cluster: Cluster, index: int) -> None:

@@ -70,10 +70,6 @@ class Membership:
     def new_incarnation() -> str:
         return uuid.uuid4().hex[:8]
 
-    @property
-    def zk_connected(self) -> bool:
-        return self._zk is not None and bool(self._zk.connected)
-
     async def register(self, incarnation: str, connection_name: str, drain_timeout: float) -> None:
         """Create the ephemeral registration of a new incarnation."""
         registration = Registration(

@@ -215,7 +215,7 @@ class SimWorker(Process):
                 self._drop_connection()
                 self.post(ev.RegisterFailed(type(answer).__name__))
             else:
-                self.post(ev.Registered(incarnation, number))
+                self.post(ev.Registered(incarnation, connection))
 
         def opened(error: str) -> None:
             if error:
@@ -228,7 +228,7 @@ class SimWorker(Process):
                 self.bound(registered),
             )
 
-        number = self._open(name, incarnation, opened)
+        connection = self._open(name, incarnation, opened)
 
     def _open(self, name: str, incarnation: str, done: Callable[[str], None]) -> int:
         """Open a connection and take the liveness queue on it; returns its number."""
@@ -257,7 +257,7 @@ class SimWorker(Process):
                 self._drop_connection()
                 self.post(ev.LinkFailed(type(answer).__name__, registration_gone=gone))
                 return
-            self._read_assignment_then(lambda: self.post(ev.LinkUp(number)))
+            self._read_assignment_then(lambda: self.post(ev.LinkUp(connection)))
 
         def opened(error: str) -> None:
             if error:
@@ -270,7 +270,8 @@ class SimWorker(Process):
                 self.bound(announced),
             )
 
-        number = self._open(name, incarnation, opened)
+        # The runtime's number of the connection (events name it), not ``number`` (its name's).
+        connection = self._open(name, incarnation, opened)
 
     def _read_assignment_then(self, then: Callable[[], None]) -> None:
         def take(answer: Any) -> None:

@@ -49,6 +49,13 @@ class FenceBook:
         self._sightings = {k: v for k, v in self._sightings.items() if k in keep}
         self._fenced = {k: v for k, v in self._fenced.items() if k in keep}
 
+    def new_term(self) -> None:
+        """Leading again: forget every sighting. Announcements made while another coordinator
+        led were never seen here, so an old sighting would let a fence list at once and miss
+        a newer connection that the API does not list yet. Finished fences stay: each closed
+        what it covered."""
+        self._sightings.clear()
+
     def sighting(self, incarnation: Incarnation, now: float) -> Sighting:
         """The incarnation's newest announced connection; one never seen (a new leader
         continuing an old fence) counts as seen ``now``, so its fence waits the full lag."""

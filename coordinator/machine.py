@@ -258,6 +258,7 @@ class CoordinatorMachine:
             b: replace(r, since=now) if r.state in MOVING else r for b, r in event.records.items()
         }
         self.written = dict(event.assignments)
+        self.book.new_term()
         self._changed_at, self._busy, self._pending = now, True, None
         self.role = Role.LEADER
         log.info(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hashq.protocol import Assignment, BucketRecord, BucketState, Registration
 from sim.coordinator import CoordinatorConfig, SimCoordinator
@@ -22,7 +22,7 @@ from sim.zoo import NoNode, ZooKeeper
 PUBLISH_GAP = 0.01  # virtual seconds between publishes
 SETTLE_LIMIT = 300.0  # virtual seconds the healed cluster has to finish everything
 # How one worker may stay cut off for good while the rest heals: its keys must go on elsewhere.
-STRANDED = ("zk-partition", "amqp-partition", "freeze", "isolated")
+STRANDED = ("zk-partition", "amqp-partition", "freeze", "isolated", "zk-after-reconnect")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Scenario:
         rng = random.Random(f"scenario-{seed}")
         workers = rng.randint(2, 5)
         session = rng.choice((2.0, 4.0, 6.0))
-        configs = tuple(
+        configs = [
             WorkerConfig(
                 drain_timeout=rng.choice((1.0, 3.0, 6.0)),
                 session_timeout=session,
@@ -55,25 +55,37 @@ class Scenario:
                 concurrency=rng.choice((1, 4)),
             )
             for _ in range(workers)
+        ]
+        coordinator = CoordinatorConfig(
+            drain_timeout=rng.choice((1.0, 3.0, 6.0)),
+            fence_grace=rng.choice((0.0, 1.0)),
+            session_timeout=session,
         )
-        return cls(
+        scenario = cls(
             seed=seed,
             workers=workers,
             coordinators=rng.randint(2, 3),
             buckets=rng.choice((3, 8, 16)),
             keys=rng.choice((5, 40, 400)),
             consumer_timeout=rng.choice((0.0, 0.0, 9.0)),
-            worker_configs=configs,
-            coordinator_config=CoordinatorConfig(
-                drain_timeout=rng.choice((1.0, 3.0, 6.0)),
-                fence_grace=rng.choice((0.0, 1.0)),
-                session_timeout=session,
-            ),
+            worker_configs=tuple(configs),
+            coordinator_config=coordinator,
             faults=tuple(draw_faults(rng, horizon, mean_gap=rng.choice((1.0, 3.0, 8.0)))),
             slow_share=rng.choice((0.0, 0.0005, 0.002)),
             thread_share=rng.choice((0.0, 0.5, 1.0)),
             stranded=rng.choice(("", "", *STRANDED)),
         )
+        return scenario.with_timeouts(rng)
+
+    def with_timeouts(self, rng: random.Random) -> Scenario:
+        """Timeouts that need not match the session's: a listing lag longer than the session
+        (a new connection may outlive its worker's registration unlisted), a withdrawal delay
+        longer than a RabbitMQ restart. Drawn last, so the draws before stay as they were."""
+        lag = rng.choice((2.0, 6.0, 12.0))
+        withdraw = rng.choice((0.0, 12.0))  # 0: the session timeout
+        configs = tuple(replace(c, withdraw_after=withdraw) for c in self.worker_configs)
+        coordinator = replace(self.coordinator_config, management_lag=lag)
+        return replace(self, worker_configs=configs, coordinator_config=coordinator)
 
 
 @dataclass
@@ -214,6 +226,10 @@ class Cluster:
             strand(self, worker, self.scenario.stranded)
             self.world.note(f"worker {worker.name} stranded for good: {self.scenario.stranded}")
         self.world.run_until(self.world.now + 5.0, self._check)  # its buckets get messages
+        stranded = [w for w in self.workers if w.name == self.stranded_worker]
+        if stranded and not stranded[0].stranded:  # an armed stranding that never struck
+            self.world.note(f"worker {self.stranded_worker} was not stranded after all")
+            stranded[0].on_link_up, self.stranded_worker = None, ""
 
     # ------------------------------------------------------------ the end
     def _finish(self) -> None:

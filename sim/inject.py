@@ -9,6 +9,8 @@ from sim.process import Process
 
 if TYPE_CHECKING:
     from sim.cluster import Cluster
+    from sim.coordinator import SimCoordinator
+    from sim.worker import SimWorker
 
 
 def apply(cluster: Cluster, fault: Fault) -> bool:
@@ -103,17 +105,22 @@ def _apply_armed(cluster: Cluster, fault: Fault) -> bool:
         coordinator = coordinators[fault.target % len(coordinators)]
         coordinator.on_commit = lambda: _cut_zk_for(cluster, coordinator, session)
         return coordinator.alive
-    leaders = [c for c in coordinators if c.alive and c.machine.role.value == "leader"]
+    leaders = _leaders(cluster)
     if not leaders:
         return False
     _cut_zk_for(cluster, leaders[0], session)
     return True
 
 
-def _cut_zk_for(cluster: Cluster, process: Process, session: float) -> None:
-    """Off ZooKeeper for less than its session timeout: the session, and its nodes, survive."""
+def _leaders(cluster: Cluster) -> list[SimCoordinator]:
+    return [c for c in cluster.coordinators if c.alive and c.machine.role.value == "leader"]
+
+
+def _cut_zk_for(cluster: Cluster, process: Process, session: float, longer: bool = False) -> None:
+    """Off ZooKeeper for less than its session timeout: the session, and its nodes, survive.
+    ``longer``: for 1.5 to 3 session timeouts, so that the session expires."""
     world = cluster.world
-    seconds = session * world.rng.uniform(0.2, 0.8)
+    seconds = session * (world.rng.uniform(1.5, 3.0) if longer else world.rng.uniform(0.2, 0.8))
     if not process.zk_link.up or not process.alive:
         return
     world.note(f"{process.name} cut off ZooKeeper for {seconds:.2f}s")
@@ -239,8 +246,11 @@ def _cancel_a_consumer(cluster: Cluster, worker: str) -> bool:
     return False
 
 
-def strand(cluster: Cluster, worker: Process, how: str) -> None:
+def strand(cluster: Cluster, worker: SimWorker, how: str) -> None:
     """Cut ``worker`` off for good: from ZooKeeper, from RabbitMQ, from both, or frozen."""
+    if how == "zk-after-reconnect":
+        _strand_after_reconnect(cluster, worker)
+        return
     worker.stranded = True
     if how in ("zk-partition", "isolated"):
         _cut_zk(worker)
@@ -248,3 +258,29 @@ def strand(cluster: Cluster, worker: Process, how: str) -> None:
         cluster.broker.partition(worker.amqp_link)
     if how == "freeze":
         _freeze(cluster, worker)
+
+
+def _strand_after_reconnect(cluster: Cluster, worker: SimWorker) -> None:
+    """The broker closes the worker's connection; soon after it has announced its new one and
+    subscribed on it, it is cut off ZooKeeper for good, and the leader for longer than its
+    session. The next leader never saw that announcement, and the new connection may still be
+    missing from the management API's list when it fences the worker (finding 3 of the
+    fencing review: it must wait the full lag)."""
+    world = cluster.world
+    session = cluster.scenario.coordinator_config.session_timeout
+
+    def cut() -> None:
+        if not worker.alive:
+            return
+        worker.stranded = True
+        _cut_zk(worker)
+        world.note(f"{worker.name} cut off ZooKeeper for good after announcing a connection")
+        for leader in _leaders(cluster):
+            _cut_zk_for(cluster, leader, session, longer=True)
+
+    def announced() -> None:
+        world.after(world.rng.uniform(0.05, 0.5), cut)
+
+    worker.on_link_up = announced
+    if worker.connection is not None:
+        cluster.broker.close_connection(worker.connection, "CONNECTION_FORCED")

@@ -36,6 +36,7 @@ class WorkerConfig:
     prefetch: int = 8
     concurrency: int = 4
     capacity: int = 1
+    withdraw_after: float = 0.0  # 0: the session timeout (HASHQ_WITHDRAW_AFTER unset)
 
 
 @dataclass(eq=False)
@@ -89,7 +90,7 @@ class SimWorker(Process):
             broker.buckets,
             config.drain_timeout,
             stop_within=config.session_timeout,
-            withdraw_after=config.session_timeout,
+            withdraw_after=config.withdraw_after or config.session_timeout,
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self.connection: Connection | None = None
@@ -105,6 +106,7 @@ class SimWorker(Process):
         self.on_drain: Callable[[], None] | None = None  # a fault armed for the next drain
         self.on_confirm: Callable[[], None] | None = None  # ... for the next session check
         self.on_reconnect: Callable[[], None] | None = None  # ... for the next reconnection
+        self.on_link_up: Callable[[], None] | None = None  # ... for when it has been announced
         self.was_fenced = False  # a connection of it was closed through the management API
 
     # ------------------------------------------------------------ life
@@ -215,7 +217,7 @@ class SimWorker(Process):
                 self._drop_connection()
                 self.post(ev.RegisterFailed(type(answer).__name__))
             else:
-                self.post(ev.Registered(incarnation, connection))
+                self._link_up(ev.Registered(incarnation, connection))
 
         def opened(error: str) -> None:
             if error:
@@ -257,7 +259,7 @@ class SimWorker(Process):
                 self._drop_connection()
                 self.post(ev.LinkFailed(type(answer).__name__, registration_gone=gone))
                 return
-            self._read_assignment_then(lambda: self.post(ev.LinkUp(connection)))
+            self._read_assignment_then(lambda: self._link_up(ev.LinkUp(connection)))
 
         def opened(error: str) -> None:
             if error:
@@ -272,6 +274,14 @@ class SimWorker(Process):
 
         # The runtime's number of the connection (events name it), not ``number`` (its name's).
         connection = self._open(name, incarnation, opened)
+
+    def _link_up(self, announced: ev.Registered | ev.LinkUp) -> None:
+        """A new connection is announced (by the first registration of an incarnation, or by
+        rewriting it): the machine is told, then a fault armed for this moment strikes."""
+        self.post(announced)
+        if self.on_link_up is not None:
+            armed, self.on_link_up = self.on_link_up, None
+            armed()
 
     def _read_assignment_then(self, then: Callable[[], None]) -> None:
         def take(answer: Any) -> None:

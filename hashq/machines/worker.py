@@ -373,7 +373,7 @@ class WorkerMachine:
         elif not self.incarnation:
             self._begin(now, actions)
         elif not self.link_up and self._withdrawing(now):
-            self._withdraw(actions)
+            self._withdraw(now, actions)
         elif not self.link_up:
             self._reconnect(now, actions)
         else:
@@ -483,7 +483,7 @@ class WorkerMachine:
         lost = self._link_lost_at
         return lost is not None and now - lost >= self.withdraw_after and not self._busy
 
-    def _withdraw(self, actions: list[Action]) -> None:
+    def _withdraw(self, now: float, actions: list[Action]) -> None:
         """RabbitMQ has been out of reach for the session timeout: a worker that cannot consume
         must not keep its grants, so it deregisters (the coordinator then moves its buckets,
         fencing whatever connection of it the broker may still hold) and registers afresh, as a
@@ -497,6 +497,7 @@ class WorkerMachine:
         self._transition(WorkerState.WITHDRAWN)
         self._cut_off_all(actions, void=True)
         self.incarnation, self._link_lost_at = "", None
+        self._retry_at = now + RETRY_SECONDS  # the timer that begins the next incarnation
         actions.append(Withdraw())
 
     def _fence_self(self, now: float, actions: list[Action]) -> None:

@@ -27,7 +27,8 @@ from hashq.deadletter import DeadLetters
 from hashq.errors import ConfigError
 from hashq.health import health_endpoints
 from hashq.machines import events as ev
-from hashq.machines.worker import WorkerMachine, WorkerState
+from hashq.machines.states import WorkerState
+from hashq.machines.worker import WorkerMachine
 from hashq.membership import Membership, RegistrationGone
 from hashq.metrics import WorkerMetrics
 from hashq.protocol import worker_connection_name

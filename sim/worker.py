@@ -17,7 +17,8 @@ from typing import Any
 from hashq.acks import ACK_DELAY, AckWindow
 from hashq.machines import events as ev
 from hashq.machines.lease import LeaseCore
-from hashq.machines.worker import WorkerMachine, WorkerState
+from hashq.machines.states import WorkerState
+from hashq.machines.worker import WorkerMachine
 from hashq.protocol import Assignment, Paths, Registration, Release, worker_connection_name
 from sim.invariants import Checker, Execution
 from sim.process import Process

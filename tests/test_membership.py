@@ -4,7 +4,8 @@ the worst moment: only a timing exposes these holes."""
 from __future__ import annotations
 
 from hashq.machines import events as ev
-from hashq.machines.worker import WorkerMachine, WorkerState
+from hashq.machines.states import WorkerState
+from hashq.machines.worker import WorkerMachine
 from hashq.protocol import Assignment
 
 

@@ -16,7 +16,8 @@ import pytest
 import coordinator.handover as handover
 from coordinator import machine as cm
 from hashq.machines.events import Session
-from hashq.machines.worker import Lease, WorkerMachine
+from hashq.machines.states import Lease
+from hashq.machines.worker import WorkerMachine
 from sim.cluster import Cluster, Scenario
 from sim.coordinator import SimCoordinator
 from sim.run import outcomes, shrink, simulate

@@ -11,25 +11,24 @@ A lease goes SUBSCRIBING -> CONSUMING, and ends DRAINING (revoked) or CLOSING (c
 CLOSED -> (RELEASING, if revoked) -> gone. A bucket is never subscribed again, at its epoch or
 another, while an earlier lease of it is not gone: a handler that cannot be stopped keeps its
 lease CLOSED, so no message of the bucket runs beside its own redelivery.
+
+The states, each lease's phase and record are in ``hashq.machines.states``; what the machine
+does to a lease once it exists, in ``hashq.machines.worker_leases`` (``WorkerLeases``, which it
+inherits).
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
-from dataclasses import dataclass, field
 
 from hashq.machines.events import (
     Action,
     AssignmentRead,
     BeginIncarnation,
-    ChannelLost,
-    Closed,
     ConfirmSession,
     CutOff,
     Deregister,
-    Drain,
     DropConnection,
     Event,
     LinkFailed,
@@ -40,94 +39,29 @@ from hashq.machines.events import (
     Reconnect,
     Registered,
     RegisterFailed,
-    ReleaseWritten,
     ResumeRunners,
     Session,
     SessionChanged,
     SessionConfirmed,
-    Settled,
     Stop,
     Subscribe,
-    Subscribed,
     Withdraw,
-    WriteRelease,
 )
+from hashq.machines.states import (
+    CONFIRM_SECONDS,
+    RETRY_SECONDS,
+    Lease,
+    Phase,
+    WorkerCounts,
+    WorkerState,
+)
+from hashq.machines.worker_leases import WorkerLeases
 from hashq.protocol import Assignment
 
 log = logging.getLogger(__name__)
 
-RETRY_SECONDS = 1.0  # between attempts to register, reconnect or subscribe
-RELEASE_RETRY_SECONDS = 0.5
-CONFIRM_SECONDS = 0.3  # between questions to ZooKeeper while suspended
 
-
-class WorkerState(enum.Enum):
-    STARTING = "starting"
-    """Connecting and registering; holds nothing."""
-    WAITING = "waiting"
-    """Registered, granted nothing: consumes nothing, waits for the coordinator."""
-    RUNNING = "running"
-    """Registered: consumes exactly its granted buckets."""
-    SUSPENDED = "suspended"
-    """ZooKeeper unreachable, session perhaps alive: starts nothing new."""
-    FENCED = "fenced"
-    """Session lost: every bucket was cut off; registering afresh."""
-    WITHDRAWN = "withdrawn"
-    """Cut off from RabbitMQ for longer than the session timeout: deregistered, so that the
-    coordinator moves its buckets; holds nothing; registers afresh once RabbitMQ answers."""
-    STOPPING = "stopping"
-    """Draining every bucket, then releasing and deregistering."""
-    STOPPED = "stopped"
-
-
-class Phase(enum.Enum):
-    """Where one lease is, as the worker's loop sees it."""
-
-    SUBSCRIBING = "subscribing"
-    """Asked for; nothing consumed yet."""
-    CONSUMING = "consuming"
-    """Granted at its epoch: deliveries run."""
-    DRAINING = "draining"
-    """Revoked: the consumer is cancelled, what was delivered finishes, then the channel closes."""
-    CLOSING = "closing"
-    """Being cut off: its channel closes now, what it held goes back to the queue."""
-    CLOSED = "closed"
-    """Its channel is closed; it waits until no handler of it runs (``running``), then is
-    released (if revoked), dropped (if void), or dropped and subscribed again (if still
-    granted)."""
-    RELEASING = "releasing"
-    """Closed, settled and revoked: the release is being written."""
-
-
-@dataclass
-class Lease:
-    number: int  # unique within the machine: events name leases by it
-    bucket: int
-    epoch: int
-    incarnation: str
-    phase: Phase = Phase.SUBSCRIBING
-    revoked: bool = False  # to be released once closed and settled
-    void: bool = False  # granted to a lost session, or abandoned: nothing to release
-    running: int = 0  # handlers still running after the close
-    connection: int = 0  # the number of the connection it was consumed on
-    unconfirmed: bool = False  # closed while its connection died: see ``_may_release``
-    retry_at: float = 0.0  # when a failed release is written again
-    since: float = 0.0  # when it was revoked (for the drain-time metric)
-
-    @property
-    def fields(self) -> dict[str, int]:
-        """For ``extra=``: the JSON log format shows them as fields."""
-        return {"bucket": self.bucket, "epoch": self.epoch}
-
-
-@dataclass
-class WorkerCounts:
-    handovers: int = 0
-    consumer_timeouts: int = 0
-    drain_seconds: list[float] = field(default_factory=list)  # taken by the edge
-
-
-class WorkerMachine:
+class WorkerMachine(WorkerLeases):
     def __init__(
         self,
         worker_id: str,
@@ -232,32 +166,6 @@ class WorkerMachine:
         else:
             self._take_lease_event(event, now, actions)
 
-    def _take_lease_event(self, event: Event, now: float, actions: list[Action]) -> None:
-        lease = self.leases.get(getattr(event, "lease", -1))
-        if lease is None:
-            return  # of a lease already gone
-        if isinstance(event, Subscribed):
-            if event.ok:
-                lease.phase = Phase.CONSUMING
-                log.info(
-                    "bucket %d epoch %d: consuming", lease.bucket, lease.epoch, extra=lease.fields
-                )
-            else:
-                log.warning("bucket %d: subscribing failed: %s", lease.bucket, event.error)
-                lease.phase, lease.void = Phase.CLOSING, True
-                actions.append(CutOff(lease.number))
-                self._retry_at = now + RETRY_SECONDS
-        elif isinstance(event, ChannelLost):
-            self._channel_lost(lease, event, actions)
-        elif isinstance(event, Closed):
-            lease.phase = Phase.CLOSED if lease.phase is not Phase.RELEASING else lease.phase
-            lease.running = event.running
-            lease.unconfirmed = not event.confirmed
-        elif isinstance(event, Settled):
-            lease.running = 0
-        elif isinstance(event, ReleaseWritten):
-            self._release_written(lease, event, now)
-
     def _link_to(self, connection: int, now: float) -> bool:
         """Take ``connection`` as the current one; False (and the link down) if it was
         reported lost already."""
@@ -274,42 +182,6 @@ class WorkerMachine:
         self.link_up = False
         if self._link_lost_at is None:
             self._link_lost_at = now
-
-    def _channel_lost(self, lease: Lease, event: ChannelLost, actions: list[Action]) -> None:
-        if event.consumer_timeout and lease.phase in (Phase.CONSUMING, Phase.DRAINING):
-            self.counts.consumer_timeouts += 1
-            log.error(
-                "bucket %d: RabbitMQ closed its channel because a message stayed unacknowledged "
-                "past the broker's consumer_timeout (%s); every message held went back and "
-                "counts as a delivery. Set consumer_timeout above the longest handler, and off "
-                "with HASHQ_ON_FAILURE=block (docs/operations.md)",
-                lease.bucket,
-                event.reason,
-            )
-        if lease.phase is Phase.CONSUMING:
-            log.warning("bucket %d: %s; subscribing again", lease.bucket, event.reason)
-            lease.phase = Phase.CLOSING
-            actions.append(CutOff(lease.number))
-
-    def _release_written(self, lease: Lease, event: ReleaseWritten, now: float) -> None:
-        if event.ok:
-            self.counts.handovers += 1
-            self.counts.drain_seconds.append(max(0.0, now - lease.since))
-            del self.leases[lease.number]
-            return
-        if self.session is Session.LOST or self._past_stop(now):
-            log.warning(
-                "bucket %d epoch %d: release not written (%s)",
-                lease.bucket,
-                lease.epoch,
-                event.error,
-            )
-            del self.leases[lease.number]
-            return
-        log.warning(
-            "bucket %d: writing the release failed (%s); retrying", lease.bucket, event.error
-        )
-        lease.phase, lease.retry_at = Phase.CLOSED, now + RELEASE_RETRY_SECONDS
 
     # ------------------------------------------------------------ the session
     def _take_session(self, value: Session, actions: list[Action]) -> None:
@@ -409,57 +281,6 @@ class WorkerMachine:
         self.leases[lease.number] = lease
         actions.append(Subscribe(lease.number, bucket, epoch))
 
-    def _revoke(self, lease: Lease, now: float, actions: list[Action]) -> None:
-        """Drain, close, then release: nothing of the bucket is acknowledged after the release."""
-        lease.revoked, lease.since = True, now
-        if lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING):
-            log.info(
-                "bucket %d epoch %d: revoked; draining",
-                lease.bucket,
-                lease.epoch,
-                extra=lease.fields,
-            )
-            lease.phase = Phase.DRAINING
-            actions.append(Drain(lease.number, self.drain_timeout))
-
-    def _cut_off_all(self, actions: list[Action], void: bool) -> None:
-        """Close every lease now: what they held goes back to the queues. A lease cut off by a
-        lost connection is released (if revoked) or subscribed again (if still granted) once
-        settled; one of a lost session is ``void``."""
-        for lease in self.leases.values():
-            lease.void = lease.void or void
-            if lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING, Phase.DRAINING):
-                lease.phase = Phase.CLOSING
-                actions.append(CutOff(lease.number))
-
-    def _settle_closed(self, now: float, actions: list[Action]) -> None:
-        """A closed lease that no handler holds any more ends: released if revoked (and of
-        this life), else dropped, so that a bucket still granted is subscribed again."""
-        for lease in list(self.leases.values()):
-            if lease.phase is not Phase.CLOSED or lease.running:
-                continue
-            if not lease.revoked or lease.void:
-                del self.leases[lease.number]
-            elif lease.incarnation != self.incarnation or self.session is Session.LOST:
-                del self.leases[lease.number]  # that life's grants are void: it is fenced
-            elif self._may_release(lease, now):
-                lease.phase = Phase.RELEASING
-                actions.append(
-                    WriteRelease(lease.number, lease.bucket, lease.epoch, lease.incarnation)
-                )
-
-    def _may_release(self, lease: Lease, now: float) -> bool:
-        """A release lets the next owner consume. If the lease's channel closed because its
-        connection died, the broker may not know yet: it still holds the channel, whose
-        consumer the drain cancelled, so the next owner would be the active consumer at once
-        and get later messages of a key whose earlier ones are still checked out here. A newer
-        connection of this incarnation proves the old one gone (it holds the liveness queue,
-        which the old one held until the broker dropped it); until then the release waits, and
-        the coordinator fences if it must."""
-        if self.session is not Session.CONNECTED or now < lease.retry_at:
-            return False
-        return not lease.unconfirmed or (self.link_up and self.connection_number > lease.connection)
-
     # ------------------------------------------------------------ connection and incarnation
     def _begin(self, now: float, actions: list[Action]) -> None:
         if not self._busy and self.zk_link and now >= self._retry_at:
@@ -527,9 +348,6 @@ class WorkerMachine:
             self._transition(WorkerState.STOPPED)
 
     # ------------------------------------------------------------ helpers
-    def _past_stop(self, now: float) -> bool:
-        return self._stop_by is not None and now >= self._stop_by
-
     def _set_timer(self, now: float) -> None:
         times = [self._retry_at, *(lease.retry_at for lease in self.leases.values())]
         if self._link_lost_at is not None:

@@ -194,6 +194,12 @@ class WorkerSettings(ServiceSettings):
     drain_timeout: float = Field(
         30.0, gt=0, le=3600, description="seconds a revoked bucket's handlers may take to finish"
     )
+    withdraw_after: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="seconds without RabbitMQ before a worker gives its buckets up",
+    )
     max_attempts: int = Field(5, ge=1, le=1000, description="handler attempts per message")
     retry_base_delay: float = Field(0.2, gt=0, le=600, description="first retry delay, seconds")
     retry_max_delay: float = Field(30.0, gt=0, le=3600, description="longest retry delay, seconds")

@@ -61,7 +61,7 @@ class Worker:
             self.topology.buckets,
             settings.drain_timeout,
             stop_within=settings.zk_session_timeout,
-            withdraw_after=settings.zk_session_timeout,
+            withdraw_after=settings.withdraw_after,
         )
         self._handler = handler
         self._events: asyncio.Queue[ev.Event] = asyncio.Queue()

@@ -80,10 +80,19 @@ class Scenario:
     def with_timeouts(self, rng: random.Random) -> Scenario:
         """Timeouts that need not match the session's: a listing lag longer than the session
         (a new connection may outlive its worker's registration unlisted), a withdrawal delay
-        longer than a RabbitMQ restart. Drawn last, so the draws before stay as they were."""
+        longer than a RabbitMQ restart, workers' sessions unlike the coordinators'. Drawn
+        last, so the draws before stay as they were."""
         lag = rng.choice((2.0, 6.0, 12.0))
         withdraw = rng.choice((0.0, 12.0))  # 0: the session timeout
-        configs = tuple(replace(c, withdraw_after=withdraw) for c in self.worker_configs)
+        sessions = rng.choice(((), (2.0, 4.0, 6.0)))  # (): every worker has the coordinators'
+        configs = tuple(
+            replace(
+                c,
+                withdraw_after=withdraw,
+                session_timeout=rng.choice(sessions) if sessions else c.session_timeout,
+            )
+            for c in self.worker_configs
+        )
         coordinator = replace(self.coordinator_config, management_lag=lag)
         return replace(self, worker_configs=configs, coordinator_config=coordinator)
 
@@ -116,6 +125,8 @@ class Cluster:
             listing_lag=scenario.coordinator_config.management_lag,
         )
         self.broker.on_consumers = self.checker.consumer_added
+        self.worker_configs = list(scenario.worker_configs)  # a rolling upgrade changes them
+        self.rolling = False  # a rolling upgrade is under way
         self.workers: list[SimWorker] = []
         self.coordinators: list[SimCoordinator] = []
         self.confirmed: set[tuple[str, int]] = set()
@@ -126,7 +137,7 @@ class Cluster:
 
     # ------------------------------------------------------------ processes
     def start_worker(self, index: int) -> None:
-        config = self.scenario.worker_configs[index]
+        config = self.worker_configs[index]
         worker = SimWorker(
             self.world, f"w{index}", self.broker, self.zk, self.checker, config, self._handler_time
         )

@@ -24,6 +24,7 @@ FAULT_KINDS = (
     "rabbitmq-restart",
     "zookeeper-restart",
     "server-cancel",  # the broker cancels a worker's consumer (basic.cancel)
+    "rolling-upgrade",  # each worker stopped and started again in turn, with new settings
 )
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sim.faults import Fault
 from sim.process import Process
+from sim.world import World
 
 if TYPE_CHECKING:
     from sim.cluster import Cluster
@@ -55,6 +58,12 @@ def apply(cluster: Cluster, fault: Fault) -> bool:
         return True
     if kind in ARMED:
         return _apply_armed(cluster, fault)
+    if kind == "rolling-upgrade":
+        if cluster.rolling:
+            return False
+        cluster.rolling = True
+        _upgrade(cluster, 0)
+        return True
     return _apply_to_servers(cluster, fault)
 
 
@@ -284,3 +293,64 @@ def _strand_after_reconnect(cluster: Cluster, worker: SimWorker) -> None:
     worker.on_link_up = announced
     if worker.connection is not None:
         cluster.broker.close_connection(worker.connection, "CONNECTION_FORCED")
+
+
+def _upgrade(cluster: Cluster, index: int) -> None:
+    """A rolling upgrade: worker ``index`` is stopped cleanly and, once it has ended, started
+    again with settings of the new release (another drain timeout and withdrawal delay); the
+    next worker goes once this one has registered again. Then each coordinator in turn is
+    killed and started again."""
+    world = cluster.world
+    if index >= len(cluster.workers):
+        _upgrade_coordinator(cluster, 0)
+        return
+    worker = cluster.workers[index]
+    if not worker.alive or worker.stopped or worker.told_to_stop or worker.stranded:
+        world.after(0.5, lambda: _upgrade(cluster, index + 1))
+        return
+    world.note(f"rolling upgrade: {worker.name}")
+    worker.stop()
+    new = replace(
+        cluster.worker_configs[index],
+        drain_timeout=world.rng.choice((1.0, 3.0, 6.0)),
+        withdraw_after=world.rng.choice((0.0, 12.0)),
+    )
+
+    def started() -> None:
+        cluster.worker_configs[index] = new
+        _restart_worker(cluster, index)
+        _when_registered(cluster, index, lambda: _upgrade(cluster, index + 1))
+
+    _when(world, lambda: not worker.alive or worker.stopped, started)
+
+
+def _when_registered(cluster: Cluster, index: int, then: Callable[[], None]) -> None:
+    """``then`` once worker ``index`` (whichever process it is by then) has registered, or
+    after 30 s: a fault may keep it from registering for a while."""
+    deadline = cluster.world.now + 30.0
+
+    def registered() -> bool:
+        worker = cluster.workers[index]
+        return bool(worker.machine.incarnation) or cluster.world.now >= deadline
+
+    _when(cluster.world, registered, then)
+
+
+def _upgrade_coordinator(cluster: Cluster, index: int) -> None:
+    if index >= len(cluster.coordinators):
+        cluster.rolling = False
+        return
+    coordinator = cluster.coordinators[index]
+    if coordinator.alive:
+        cluster.world.note(f"rolling upgrade: {coordinator.name}")
+        coordinator.kill()
+        cluster.world.after(0.5, lambda: _restart_coordinator(cluster, index))
+    cluster.world.after(3.0, lambda: _upgrade_coordinator(cluster, index + 1))
+
+
+def _when(world: World, condition: Callable[[], bool], then: Callable[[], None]) -> None:
+    """``then`` once ``condition`` holds, checked every 0.25 virtual seconds."""
+    if condition():
+        then()
+    else:
+        world.after(0.25, lambda: _when(world, condition, then))

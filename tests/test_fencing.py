@@ -21,6 +21,7 @@ from kazoo.exceptions import ConnectionLoss
 import coordinator.fencing as fencing
 import coordinator.service as service
 from coordinator.fence import fence
+from coordinator.fencebook import FenceBook
 from coordinator.fencing import Fencer
 from coordinator.handover import View, step
 from coordinator.service import Coordinator, Role
@@ -110,6 +111,18 @@ async def test_a_fence_waits_until_the_newest_connection_can_be_listed(
     await fencer.finished(INCARNATION)
     assert stub_fence[0] - began >= 0.3 + lag - 0.05
     assert INCARNATION in fencer.covered()
+
+
+def test_a_leader_elected_again_waits_the_full_lag_for_what_it_saw_in_an_earlier_term() -> None:
+    """Leading, then not, then leading again: announcements made meanwhile were never seen
+    here, so the sightings of the earlier term must not let a fence list at once (the
+    simulation found it, seed 19: the fence missed a young connection and its buckets stalled
+    behind the stranded worker's consumer)."""
+    book = FenceBook()
+    book.note({"w1": _registration(1)}, {INCARNATION}, now=0.0)
+    assert book.listable_in(INCARNATION, now=10.0, lag=6.0) == 0.0
+    book.new_term()
+    assert book.listable_in(INCARNATION, now=10.0, lag=6.0) == 6.0
 
 
 async def test_a_fence_goes_on_after_any_failure_of_the_management_api(

@@ -56,5 +56,21 @@ def test_a_bucket_is_released_only_once_its_handlers_returned() -> None:
     assert release == ev.WriteRelease(drain.lease, 0, 1, "i1")
 
 
+def test_a_worker_without_rabbitmq_withdraws_then_registers_again_on_its_own_timer() -> None:
+    """Withdrawn after ``withdraw_after`` without a connection; then it must begin again by
+    itself (the simulation found it waiting for an unrelated event, seed 16)."""
+    machine = _registered()
+    machine.handle(ev.LinkLost(1), 1.0)  # reconnecting
+    machine.handle(ev.LinkFailed("refused"), 1.2)
+    machine.handle(ev.SessionChanged(ev.Session.SUSPENDED), 1.5)  # ZooKeeper out of reach too
+    (asked,) = [a for a in machine.handle(ev.Tick(), 2.5) if isinstance(a, ev.ConfirmSession)]
+    machine.handle(ev.SessionChanged(ev.Session.CONNECTED), 6.9)  # the client reconnected
+    actions = machine.handle(ev.SessionConfirmed(asked.asked, ev.Session.CONNECTED), 7.0)
+    assert ev.Withdraw() in actions  # RabbitMQ is still out of reach, for 6 s now
+    assert machine.state is WorkerState.WITHDRAWN
+    assert machine.wake_at is not None
+    assert ev.BeginIncarnation() in machine.handle(ev.Tick(), machine.wake_at)
+
+
 def _session(machine: WorkerMachine) -> ev.Session:
     return machine.session

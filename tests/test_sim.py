@@ -15,7 +15,8 @@ import pytest
 
 import coordinator.handover as handover
 from coordinator import machine as cm
-from hashq.machines.events import Session
+from coordinator.fencebook import FenceBook
+from hashq.machines.events import Action, Session
 from hashq.machines.states import Lease
 from hashq.machines.worker import WorkerMachine
 from sim.cluster import Cluster, Scenario
@@ -64,12 +65,35 @@ def _lock_released_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SimCoordinator, "_do", resign_once)
 
 
+def _sightings_kept_across_terms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FenceBook, "new_term", lambda self: None)
+
+
+def _withdrawn_without_a_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    withdraw = WorkerMachine._withdraw
+
+    def without_timer(self: WorkerMachine, now: float, actions: list[Action]) -> None:
+        retry_at = self._retry_at
+        withdraw(self, now, actions)
+        self._retry_at = retry_at
+
+    monkeypatch.setattr(WorkerMachine, "_withdraw", without_timer)
+
+
 # Bugs the simulation found: a seed that showed each, and the fix taken back out.
 FOUND: dict[str, tuple[int, Callable[[pytest.MonkeyPatch], None]]] = {
     "a worker cut off from RabbitMQ kept its grants": (6, _no_withdraw),
     "a revoked bucket released before the broker dropped its channel": (591, _release_on_any_close),
     "a connection that died while announced was taken as up": (44, _any_connection_is_up),
     "a deposed leader's lock node blocked every election": (3, _lock_released_once),
+    "a leader elected again trusted its earlier term's sightings": (
+        19,
+        _sightings_kept_across_terms,
+    ),
+    "a withdrawn worker waited for an unrelated event to register again": (
+        16,
+        _withdrawn_without_a_timer,
+    ),
 }
 
 

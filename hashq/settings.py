@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import uuid
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -215,6 +217,11 @@ class WorkerSettings(ServiceSettings):
     @classmethod
     def _check_worker_id(cls, value: str | None) -> str | None:
         return check_identifier(value)
+
+
+def default_worker_id() -> str:
+    """The id of a worker whose ``worker_id`` is not set: host-pid-random."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
 def check_identifier(value: str | None) -> str | None:

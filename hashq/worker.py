@@ -13,10 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Awaitable
 
 from aio_pika.abc import AbstractConnection
@@ -35,7 +32,7 @@ from hashq.protocol import worker_connection_name
 from hashq.provision import ensure_topology
 from hashq.retry import OnFailure, RetryPolicy
 from hashq.runner import Handler, Runners
-from hashq.settings import WorkerSettings
+from hashq.settings import WorkerSettings, default_worker_id
 from hashq.topology import Topology
 
 __all__ = ["Worker", "WorkerState", "default_worker_id"]
@@ -45,10 +42,6 @@ log = logging.getLogger(__name__)
 TICK_SECONDS = 0.1  # the watchdog's
 IDLE_SECONDS = 1.0  # the loop looks at least this often (a consumer the broker cancelled)
 REMINDER_SECONDS = 30.0
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
 class Worker:

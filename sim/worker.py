@@ -1,26 +1,24 @@
 """A simulated worker: the production ``WorkerMachine`` and ``LeaseCore`` on virtual time,
 with edges that do what ``hashq.worker`` and ``hashq.bucket`` do against the server models.
 
-Handlers take a duration drawn from the seed; a "thread" handler cannot be stopped (it runs on
-after its lease is cut off), an async one stops when told. Acknowledgements go out in batches
-through the production ``AckWindow``.
+This module is the process: starting, stopping and dying, the machine's actions, ZooKeeper
+(registering, announcing a new connection, session checks, releases) and the AMQP connection.
+Its bucket leases and the jobs delivered on them are ``sim.leases``.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from hashq.acks import ACK_DELAY, AckWindow
 from hashq.machines import events as ev
-from hashq.machines.lease import LeaseCore
 from hashq.machines.states import WorkerState
 from hashq.machines.worker import WorkerMachine
 from hashq.protocol import Assignment, Paths, Registration, Release, worker_connection_name
-from sim.invariants import Checker, Execution
+from sim.invariants import Checker
+from sim.leases import LeaseRunner
 from sim.process import Process
 from sim.rabbit import Broker, Connection, Msg
 from sim.world import Violation, World
@@ -40,37 +38,6 @@ class WorkerConfig:
     withdraw_after: float = 0.0  # 0: the session timeout (HASHQ_WITHDRAW_AFTER unset)
 
 
-@dataclass(eq=False)
-class Job:
-    lease: SimLease
-    tag: int
-    msg: Msg
-    thread: bool
-    duration: float
-    execution: Execution | None = None
-    cut: bool = False
-
-    @property
-    def key(self) -> str:
-        return self.msg.key
-
-
-@dataclass(eq=False)
-class SimLease:
-    number: int
-    bucket: int
-    epoch: int
-    channel: int
-    connection: Connection
-    window: AckWindow
-    core: LeaseCore[Job] = field(default_factory=LeaseCore)
-    ack_timer: bool = False
-    on_idle: list[Callable[[], None]] = field(default_factory=list)
-    awaiting_close: list[Callable[[], None]] = field(default_factory=list)
-    closed: bool = False
-    settle_watched: bool = False
-
-
 class SimWorker(Process):
     def __init__(
         self,
@@ -85,7 +52,6 @@ class SimWorker(Process):
         super().__init__(world, worker_id)
         self.worker_id = worker_id
         self.broker, self.zk, self.checker, self.config = broker, zk, checker, config
-        self._handler_time = handler_time
         self.machine = WorkerMachine(
             worker_id,
             broker.buckets,
@@ -95,12 +61,10 @@ class SimWorker(Process):
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self.connection: Connection | None = None
-        self.leases: dict[int, SimLease] = {}  # by machine lease number
-        self._channels = itertools.count(1)
+        self.runner = LeaseRunner(
+            self, self.post, broker, checker, config.prefetch, config.concurrency, handler_time
+        )
         self._connection_numbers = itertools.count(1)
-        self._ready: deque[Job] = deque()
-        self._running = 0
-        self._paused = False
         self._timer_at: float | None = None
         self.stopped = False
         self.told_to_stop = False
@@ -125,13 +89,11 @@ class SimWorker(Process):
         self.client.crash()
         if self.connection is not None:
             self.broker.close_connection(self.connection, "connection reset")  # the OS closes it
-        for lease in self.leases.values():
-            for job in list(lease.core.close()):
-                self._end(job, completed=False)
+        self.runner.abandon()
 
     def resumed(self, paused: float) -> None:
         if paused > max(0.5, self.config.session_timeout / 4):
-            self._paused = True  # the runners check a fresh tick before starting anything
+            self.runner.paused = True  # the runners check a fresh tick before starting anything
             self.post(ev.PauseSeen(paused))
 
     # ------------------------------------------------------------ the machine
@@ -160,21 +122,20 @@ class SimWorker(Process):
         elif isinstance(action, ev.DropConnection):
             self._drop_connection()
         elif isinstance(action, ev.PauseRunners):
-            self._paused = True
+            self.runner.paused = True
         elif isinstance(action, ev.ResumeRunners):
-            self._paused = False
-            self._pump()
+            self.runner.resume()
         elif isinstance(action, ev.ConfirmSession):
             self._confirm(action.asked)
         elif isinstance(action, ev.Subscribe):
-            self._subscribe(action)
+            self.runner.subscribe(action, self.connection)
         elif isinstance(action, ev.Drain):
-            self._drain(action.lease, action.within)
+            self.runner.drain(action.lease, action.within)
             if self.on_drain is not None:
                 armed, self.on_drain = self.on_drain, None
                 armed()
         elif isinstance(action, ev.CutOff):
-            self._close(action.lease)
+            self.runner.close(action.lease)
         elif isinstance(action, ev.WriteRelease):
             self._write_release(action)
         elif isinstance(action, ev.Withdraw):
@@ -220,18 +181,34 @@ class SimWorker(Process):
             else:
                 self._link_up(ev.Registered(incarnation, connection))
 
+        def register(zk: ZooKeeper, session: int, data: bytes) -> None:
+            _register(zk, session, self.worker_id, data)
+
+        connection = self._open_and_write(
+            name, incarnation, ev.RegisterFailed, register, registered
+        )
+
+    def _open_and_write(
+        self,
+        name: str,
+        incarnation: str,
+        failed: Callable[[str], ev.Event],
+        write: Callable[[ZooKeeper, int, bytes], None],
+        written: Callable[[Any], None],
+    ) -> int:
+        """Open connection ``name`` (``_open``), then write the registration that names it with
+        ``write`` and pass ZooKeeper's answer to ``written``; a connection that did not open is
+        dropped and posted as ``failed``. Returns the connection's number."""
+
         def opened(error: str) -> None:
             if error:
                 self._drop_connection()
-                self.post(ev.RegisterFailed(error))
+                self.post(failed(error))
                 return
             data = self._registration(incarnation, name).encode()
-            self.client.call(
-                lambda zk, session: _register(zk, session, self.worker_id, data),
-                self.bound(registered),
-            )
+            self.client.call(lambda zk, session: write(zk, session, data), self.bound(written))
 
-        connection = self._open(name, incarnation, opened)
+        return self._open(name, incarnation, opened)
 
     def _open(self, name: str, incarnation: str, done: Callable[[str], None]) -> int:
         """Open a connection and take the liveness queue on it; returns its number."""
@@ -262,19 +239,11 @@ class SimWorker(Process):
                 return
             self._read_assignment_then(lambda: self._link_up(ev.LinkUp(connection)))
 
-        def opened(error: str) -> None:
-            if error:
-                self._drop_connection()
-                self.post(ev.LinkFailed(error))
-                return
-            data = self._registration(incarnation, name).encode()
-            self.client.call(
-                lambda zk, session: _announce(zk, session, self.worker_id, incarnation, data),
-                self.bound(announced),
-            )
+        def announce(zk: ZooKeeper, session: int, data: bytes) -> None:
+            _announce(zk, session, self.worker_id, incarnation, data)
 
         # The runtime's number of the connection (events name it), not ``number`` (its name's).
-        connection = self._open(name, incarnation, opened)
+        connection = self._open_and_write(name, incarnation, ev.LinkFailed, announce, announced)
 
     def _link_up(self, announced: ev.Registered | ev.LinkUp) -> None:
         """A new connection is announced (by the first registration of an incarnation, or by
@@ -350,195 +319,13 @@ class SimWorker(Process):
         if self.connection is not None:
             connection, self.connection = self.connection, None
             connection.close()
-            self._connection_gone(connection)
+            self.runner.connection_gone(connection)
 
     def connection_closed(self, connection: Connection, number: int) -> None:
         if connection is self.connection:
             self.connection = None
-            self._connection_gone(connection)
+            self.runner.connection_gone(connection)
         self.post(ev.LinkLost(number))
-
-    def _connection_gone(self, connection: Connection) -> None:
-        for lease in list(self.leases.values()):
-            if lease.connection is connection:
-                self._fire(lease)
-                waiting, lease.awaiting_close = lease.awaiting_close, []
-                for closed in waiting:
-                    closed()
-
-    def _subscribe(self, action: ev.Subscribe) -> None:
-        connection = self.connection
-        if connection is None:
-            self.later(0, lambda: self.post(ev.Subscribed(action.lease, False, "no connection")))
-            return
-        lease = SimLease(
-            action.lease,
-            action.bucket,
-            action.epoch,
-            next(self._channels),
-            connection,
-            AckWindow(max(1, self.config.prefetch // 2)),
-        )
-        self.leases[action.lease] = lease
-
-        def done(error: str) -> None:
-            self.post(ev.Subscribed(action.lease, not error, error))
-
-        queue = self.broker.bucket_queue(action.bucket)
-        connection.consume(
-            lease.channel, queue, self.config.prefetch, self.bound(done), action.epoch
-        )
-
-    def delivered(self, connection: Connection, channel: int, tag: int, msg: Msg) -> None:
-        lease = self._lease_on(connection, channel)
-        if lease is None:
-            return
-        duration, thread = self._handler_time()
-        for job in lease.core.deliver(tag, Job(lease, tag, msg, thread, duration)):
-            self._ready.append(job)
-        self._pump()
-
-    def channel_lost(
-        self, connection: Connection, channel: int, reason: str, timeout: bool
-    ) -> None:
-        lease = self._lease_on(connection, channel)
-        if lease is not None:
-            lease.closed = True
-            self.post(ev.ChannelLost(lease.number, reason, timeout))
-
-    def _lease_on(self, connection: Connection, channel: int) -> SimLease | None:
-        for lease in self.leases.values():
-            if lease.connection is connection and lease.channel == channel:
-                return lease
-        return None
-
-    # ------------------------------------------------------------ running jobs
-    def _pump(self) -> None:
-        while self._ready and not self._paused and self._running < self.config.concurrency:
-            job = self._ready.popleft()
-            if job.lease.core.may_start() and self.leases.get(job.lease.number) is job.lease:
-                self._execute(job)
-
-    def _execute(self, job: Job) -> None:
-        lease = job.lease
-        lease.core.started(job)
-        self._running += 1
-        job.execution = self.checker.start(
-            self.worker_id, job.msg.key, job.msg.seq, lease.bucket, lease.epoch, self.world.now
-        )
-        self.later(job.duration, lambda: self._returned(job))
-
-    def _returned(self, job: Job) -> None:
-        """The handler returned (a thread told to stop returns only now)."""
-        if job.cut and not job.thread:
-            return  # stopped when it was cut off
-        self._running -= 1
-        lease = job.lease
-        usable = lease.core.may_start() and not lease.closed and lease.connection.client_open
-        if job.cut or not usable:
-            lease.core.dropped(job)
-            self._end(job, completed=True)  # its work was done, but it goes back to the queue
-        else:
-            self._end(job, completed=True)
-            if lease.window.complete(job.tag):
-                self._send_acks(lease)
-            elif not lease.ack_timer:
-                lease.ack_timer = True
-                self.later(ACK_DELAY, lambda: self._send_acks(lease))
-            following = lease.core.finished(job)
-            if following is not None:
-                self._ready.append(following)
-        self._after_job(lease)
-        self._pump()
-
-    def _end(self, job: Job, completed: bool) -> None:
-        if job.execution is not None and job.execution.running:
-            self.checker.end(job.execution, completed)
-
-    def _after_job(self, lease: SimLease) -> None:
-        if lease.core.idle and lease.on_idle:
-            self._fire(lease)
-        if lease.core.settled and lease.settle_watched:
-            lease.settle_watched = False
-            self.leases.pop(lease.number, None)
-            self.post(ev.Settled(lease.number))
-
-    def _send_acks(self, lease: SimLease) -> None:
-        lease.ack_timer = False
-        if lease.closed or not lease.connection.client_open:
-            return
-        upto, singles = lease.window.take()
-        if upto:
-            lease.connection.ack(lease.channel, upto, True)
-        for tag in singles:
-            lease.connection.ack(lease.channel, tag, False)
-        if lease.window.pending and not lease.ack_timer:
-            lease.ack_timer = True
-            self.later(ACK_DELAY, lambda: self._send_acks(lease))
-
-    # ------------------------------------------------------------ ending leases
-    def _drain(self, number: int, within: float) -> None:
-        lease = self.leases.get(number)
-        if lease is None:
-            self.later(0, lambda: self.post(ev.Closed(number)))
-            return
-        lease.core.drain()
-        lease.connection.cancel(lease.channel, lambda _: None)
-        finished = [False]
-
-        def close() -> None:
-            if not finished[0]:
-                finished[0] = True
-                self._close(number)
-
-        if lease.core.idle:
-            close()
-            return
-        lease.on_idle.append(close)
-        self.later(within, close)
-
-    def _fire(self, lease: SimLease) -> None:
-        callbacks, lease.on_idle = lease.on_idle, []
-        for callback in callbacks:
-            callback()
-
-    def _close(self, number: int) -> None:
-        """``BucketLease.close``: stop running handlers, flush acknowledgements, close the
-        channel; then ``Closed`` (when the broker answered, or the connection is gone)."""
-        lease = self.leases.get(number)
-        if lease is None:
-            self.later(0, lambda: self.post(ev.Closed(number)))
-            return
-        for job in lease.core.close():
-            job.cut = True
-            if not job.thread:
-                self._running -= 1
-                lease.core.dropped(job)
-                self._end(job, completed=False)
-        self._pump()
-        self._send_acks(lease)
-        lease.closed = True
-
-        answered = [False]
-
-        def closed(confirmed: bool = False) -> None:
-            if answered[0]:
-                return
-            answered[0] = True
-            running = lease.core.running
-            if running:
-                lease.settle_watched = True
-            else:
-                self.leases.pop(number, None)
-            self.post(ev.Closed(number, running, confirmed))
-
-        if lease.connection.client_open:
-            lease.awaiting_close.append(closed)
-            lease.connection.close_channel(
-                lease.channel, self.bound(lambda error: closed(confirmed=not error))
-            )
-        else:
-            self.later(0, closed)
 
 
 class _Client:
@@ -546,19 +333,20 @@ class _Client:
 
     def __init__(self, worker: SimWorker, number: int) -> None:
         self._worker = worker
+        self._runner = worker.runner  # its leases, which deliveries and lost channels concern
         self.number = number
         self.connection: Connection | None = None
 
     def delivered(self, channel: int, tag: int, msg: Msg, redelivered: bool) -> None:
-        self._worker.run(lambda: self._worker.delivered(self._conn(), channel, tag, msg))
+        self._worker.run(lambda: self._runner.delivered(self._conn(), channel, tag, msg))
 
     def channel_closed(self, channel: int, reason: str) -> None:
         timeout = "timed out" in reason
-        self._worker.run(lambda: self._worker.channel_lost(self._conn(), channel, reason, timeout))
+        self._worker.run(lambda: self._runner.channel_lost(self._conn(), channel, reason, timeout))
 
     def consumer_cancelled(self, channel: int) -> None:
         self._worker.run(
-            lambda: self._worker.channel_lost(self._conn(), channel, "consumer cancelled", False)
+            lambda: self._runner.channel_lost(self._conn(), channel, "consumer cancelled", False)
         )
 
     def connection_closed(self, reason: str) -> None:

@@ -12,6 +12,7 @@ own clock (monotonic, or the simulator's); no other machine's clock is read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +21,10 @@ from hashq.protocol import Registration
 Incarnation = tuple[str, str]  # (worker id, incarnation)
 
 LIVENESS_SINCE_VERSION = 2  # workers of this protocol version on hold a liveness queue
+# The shortest session a worker may have (HASHQ_ZK_SESSION_TIMEOUT >= 1): between observations
+# closer than this, no worker can announce a connection and then lose its session.
+MIN_SESSION_SECONDS = 1.0
+UNSEEN = "?"  # a connection this leader may have missed: no real name equals it
 
 
 @dataclass(frozen=True)
@@ -36,25 +41,42 @@ class FenceBook:
     def __init__(self) -> None:
         self._sightings: dict[Incarnation, Sighting] = {}  # newest connection of each
         self._fenced: dict[Incarnation, str] = {}  # the newest connection a fence covered
+        self._live: set[Incarnation] = set()  # live at the last observation
+        self._seen_until = -math.inf  # when the last observation was asked
 
-    def note(self, workers: Mapping[str, Registration], keep: set[Incarnation], now: float) -> None:
+    def note(
+        self, workers: Mapping[str, Registration], keep: set[Incarnation], now: float, asked: float
+    ) -> None:
         """Record each live incarnation's newest announced connection, first seen ``now`` if it
-        is new; forget incarnations not in ``keep`` (neither live nor named by a bucket)."""
+        is new; forget incarnations not in ``keep`` (neither live nor named by a bucket).
+        ``asked``: when this observation was asked (what it read is at least that recent)."""
+        live = {(worker, registration.incarnation) for worker, registration in workers.items()}
+        if now - self._seen_until >= MIN_SESSION_SECONDS:
+            self._unseen(self._live - live, now)
         for worker, registration in workers.items():
             incarnation = (worker, registration.incarnation)
             announced = registration.connection
             if self._sightings.get(incarnation, Sighting("", 0)).connection != announced:
                 liveness = registration.version >= LIVENESS_SINCE_VERSION
                 self._sightings[incarnation] = Sighting(announced, now, liveness)
+        self._live, self._seen_until = live, asked
         self._sightings = {k: v for k, v in self._sightings.items() if k in keep}
         self._fenced = {k: v for k, v in self._fenced.items() if k in keep}
 
+    def _unseen(self, vanished: set[Incarnation], now: float) -> None:
+        """Incarnations that vanished while this leader did not look for as long as a session
+        can last: each may have announced a connection and then lost its session, unseen. Its
+        sighting restarts ``now`` as unknown, so its fence waits the full lag and no earlier
+        fence covers it."""
+        for incarnation in vanished:
+            before = self._sightings.get(incarnation, Sighting("", now))
+            self._sightings[incarnation] = Sighting(UNSEEN, now, before.liveness)
+
     def new_term(self) -> None:
-        """Leading again: forget every sighting. Announcements made while another coordinator
-        led were never seen here, so an old sighting would let a fence list at once and miss
-        a newer connection that the API does not list yet. Finished fences stay: each closed
-        what it covered."""
-        self._sightings.clear()
+        """Elected: while another coordinator led, any incarnation known here may have
+        announced a connection and vanished unseen (the first observation of the term treats
+        those that vanished so). Finished fences stay: each closed what it covered."""
+        self._live, self._seen_until = set(self._sightings), -math.inf
 
     def sighting(self, incarnation: Incarnation, now: float) -> Sighting:
         """The incarnation's newest announced connection; one never seen (a new leader

@@ -61,7 +61,8 @@ class Fencer:
 
     # ------------------------------------------------------------ what the leader saw
     def note(self, workers: Mapping[str, Registration], keep: set[Incarnation]) -> None:
-        self.book.note(workers, keep, time.monotonic())
+        now = time.monotonic()
+        self.book.note(workers, keep, now, now)
 
     def covered(self) -> frozenset[Incarnation]:
         return self.book.covered()

@@ -200,6 +200,7 @@ class CoordinatorMachine:
         self._version = 0
         self._changed_at = 0.0
         self._busy = False  # an observation or a commit is under way
+        self._asked_at = 0.0  # when the observation under way was asked
         self._pending: _Pending | None = None
         self._refused: set[Incarnation] = set()
 
@@ -245,7 +246,7 @@ class CoordinatorMachine:
             self.fences_done += 1
         if self._busy:
             return []
-        self._busy = True
+        self._busy, self._asked_at = True, now
         return [Observe()]
 
     def _elected(self, event: Elected, now: float) -> list[Action]:
@@ -259,7 +260,7 @@ class CoordinatorMachine:
         }
         self.written = dict(event.assignments)
         self.book.new_term()
-        self._changed_at, self._busy, self._pending = now, True, None
+        self._changed_at, self._busy, self._pending, self._asked_at = now, True, None, now
         self.role = Role.LEADER
         log.info(
             "coordinator %s: leader at leader epoch %d (%d buckets in transit)",
@@ -373,7 +374,7 @@ class CoordinatorMachine:
         current = {(w, r.incarnation) for w, r in live.items()}
         # Fence bookkeeping keeps incarnations that are live or still named by a bucket record.
         named = {(str(r.owner), str(r.incarnation)) for r in self.records.values() if r.owner}
-        self.book.note(live, current | named, now)
+        self.book.note(live, current | named, now, self._asked_at)
         if current != self.members:
             joined = sorted(w for w, _ in current - self.members)
             left = sorted(w for w, _ in self.members - current)

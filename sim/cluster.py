@@ -15,7 +15,7 @@ from sim.faults import Fault, draw_faults
 from sim.inject import apply, heal_all, strand
 from sim.invariants import Checker
 from sim.rabbit import Broker
-from sim.worker import PATHS, SimWorker, WorkerConfig
+from sim.worker import DRAIN_TIMEOUTS, PATHS, WITHDRAW_DELAYS, SimWorker, WorkerConfig
 from sim.world import Violation, World
 from sim.zoo import NoNode, ZooKeeper
 
@@ -49,7 +49,7 @@ class Scenario:
         session = rng.choice((2.0, 4.0, 6.0))
         configs = [
             WorkerConfig(
-                drain_timeout=rng.choice((1.0, 3.0, 6.0)),
+                drain_timeout=rng.choice(DRAIN_TIMEOUTS),
                 session_timeout=session,
                 prefetch=rng.choice((1, 4, 16)),
                 concurrency=rng.choice((1, 4)),
@@ -57,7 +57,7 @@ class Scenario:
             for _ in range(workers)
         ]
         coordinator = CoordinatorConfig(
-            drain_timeout=rng.choice((1.0, 3.0, 6.0)),
+            drain_timeout=rng.choice(DRAIN_TIMEOUTS),
             fence_grace=rng.choice((0.0, 1.0)),
             session_timeout=session,
         )
@@ -83,7 +83,7 @@ class Scenario:
         longer than a RabbitMQ restart, workers' sessions unlike the coordinators'. Drawn
         last, so the draws before stay as they were."""
         lag = rng.choice((2.0, 6.0, 12.0))
-        withdraw = rng.choice((0.0, 12.0))  # 0: the session timeout
+        withdraw = rng.choice(WITHDRAW_DELAYS)
         sessions = rng.choice(((), (2.0, 4.0, 6.0)))  # (): every worker has the coordinators'
         configs = tuple(
             replace(
@@ -126,7 +126,8 @@ class Cluster:
         )
         self.broker.on_consumers = self.checker.consumer_added
         self.worker_configs = list(scenario.worker_configs)  # a rolling upgrade changes them
-        self.rolling = False  # a rolling upgrade is under way
+        self.upgrades = 0  # rolling upgrades begun
+        self.upgrading = 0  # the one under way (0: none)
         self.workers: list[SimWorker] = []
         self.coordinators: list[SimCoordinator] = []
         self.confirmed: set[tuple[str, int]] = set()
@@ -161,6 +162,20 @@ class Cluster:
         else:
             self.coordinators.append(coordinator)
         coordinator.start()
+
+    def restart_worker(self, index: int) -> None:
+        """Start worker ``index`` again once it has ended (a clean stop may take a while)."""
+        worker = self.workers[index]
+        if worker.stranded:
+            return
+        if not worker.alive or worker.stopped:
+            self.start_worker(index)
+        elif worker.told_to_stop:
+            self.world.after(0.5, lambda: self.restart_worker(index))
+
+    def restart_coordinator(self, index: int) -> None:
+        if not self.coordinators[index].alive:
+            self.start_coordinator(index)
 
     def _handler_time(self) -> tuple[float, bool]:
         rng = self.world.rng
@@ -223,24 +238,31 @@ class Cluster:
         self.world.note("every fault healed")
         if self.scenario.stranded and len(self.workers) > 1:
             self.world.run_until(self.world.now + 5.0, self._check)  # the healed take buckets
-            # One that was fenced once and lived on (its next fence must close its newer
-            # connection), else one that reconnected; among those, the one holding most.
-            worker = max(
-                self.workers,
-                key=lambda w: (
-                    w.was_fenced and bool(w.machine.consuming()),
-                    w.machine.connection_number > 1 and bool(w.machine.consuming()),
-                    len(w.machine.consuming()),
-                ),
-            )
-            self.stranded_worker = worker.name
-            strand(self, worker, self.scenario.stranded)
-            self.world.note(f"worker {worker.name} stranded for good: {self.scenario.stranded}")
+            self._strand_one()
         self.world.run_until(self.world.now + 5.0, self._check)  # its buckets get messages
         stranded = [w for w in self.workers if w.name == self.stranded_worker]
         if stranded and not stranded[0].stranded:  # an armed stranding that never struck
             self.world.note(f"worker {self.stranded_worker} was not stranded after all")
             stranded[0].on_link_up, self.stranded_worker = None, ""
+
+    def _strand_one(self) -> None:
+        """Cut one running worker off for good: one that was fenced once and lived on (its
+        next fence must close its newer connection), else one that reconnected; among those,
+        the one holding most."""
+        running = [w for w in self.workers if w.alive and not w.told_to_stop and not w.stopped]
+        if not running:
+            return
+        worker = max(
+            running,
+            key=lambda w: (
+                w.was_fenced and bool(w.machine.consuming()),
+                w.machine.connection_number > 1 and bool(w.machine.consuming()),
+                len(w.machine.consuming()),
+            ),
+        )
+        self.stranded_worker = worker.name
+        strand(self, worker, self.scenario.stranded)
+        self.world.note(f"worker {worker.name} stranded for good: {self.scenario.stranded}")
 
     # ------------------------------------------------------------ the end
     def _finish(self) -> None:

@@ -342,10 +342,12 @@ class SimCoordinator(Process):
         self.later(self.world.latency(), lambda: self._fenced(incarnation, generation, covered))
 
     def _gone(self, incarnation: Incarnation) -> bool:
-        """``Liveness.gone``: a passive declare of the incarnation's liveness queue."""
+        """``Fencer._gone``: a passive declare of the incarnation's liveness queue, asked only
+        if its registration said it holds one."""
         worker, life = incarnation
         return (
-            self.amqp_link.up
+            self.machine.book.sighting(incarnation, self.world.now).liveness
+            and self.amqp_link.up
             and self.broker.up
             and not self.broker.exists(f"alive.{worker}.{life}")
         )

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from sim import upgrade
 from sim.faults import Fault
 from sim.process import Process
-from sim.world import World
 
 if TYPE_CHECKING:
     from sim.cluster import Cluster
@@ -18,53 +16,59 @@ if TYPE_CHECKING:
 
 def apply(cluster: Cluster, fault: Fault) -> bool:
     """Carry ``fault`` out; False if it had nothing to act on (its target is down, say)."""
-    world = cluster.world
-    kind, duration = fault.kind, fault.duration
+    kind = fault.kind
     if kind in ("crash", "stop", "amqp-partition", "drain-partition", "server-cancel"):
-        index = fault.target % len(cluster.workers)
-        worker = cluster.workers[index]
-        if not worker.alive or worker.stopped:
-            return False
-        if kind == "crash":
-            worker.kill()
-            world.after(duration, lambda: _restart_worker(cluster, index))
-        elif kind == "stop":
-            worker.stop()
-            world.after(duration, lambda: _restart_worker(cluster, index))
-        elif kind == "amqp-partition":
-            cluster.broker.partition(worker.amqp_link)
-            world.after(duration, lambda: _heal_amqp(worker))
-        elif kind == "drain-partition":
-            # Soon after the drain began: its basic.cancel has reached the broker.
-            delay = world.rng.uniform(0.02, 1.0)
-
-            def armed() -> None:
-                world.after(delay, lambda: _partition_for(cluster, worker, duration))
-
-            worker.on_drain = armed
-        else:
-            return _cancel_a_consumer(cluster, worker.name)
-        return True
+        return _apply_to_worker(cluster, fault)
     if kind in ("freeze", "zk-partition"):
-        process = _any_process(cluster, fault.target)
-        if not process.alive or process.frozen_since is not None:
-            return False
-        if kind == "freeze":
-            _freeze(cluster, process)
-            world.after(duration, lambda: _thaw(cluster, process))
-        else:
-            _cut_zk(process)
-            world.after(duration, lambda: _heal_zk(process))
-        return True
+        return _apply_to_any(cluster, fault)
     if kind in ARMED:
         return _apply_armed(cluster, fault)
     if kind == "rolling-upgrade":
-        if cluster.rolling:
-            return False
-        cluster.rolling = True
-        _upgrade(cluster, 0)
-        return True
+        return upgrade.start(cluster)
     return _apply_to_servers(cluster, fault)
+
+
+def _apply_to_worker(cluster: Cluster, fault: Fault) -> bool:
+    world, kind, duration = cluster.world, fault.kind, fault.duration
+    index = fault.target % len(cluster.workers)
+    worker = cluster.workers[index]
+    if not worker.alive or worker.stopped:
+        return False
+    if kind == "crash":
+        worker.kill()
+        world.after(duration, lambda: cluster.restart_worker(index))
+    elif kind == "stop":
+        worker.stop()
+        world.after(duration, lambda: cluster.restart_worker(index))
+    elif kind == "amqp-partition":
+        cluster.broker.partition(worker.amqp_link)
+        world.after(duration, lambda: _heal_amqp(worker))
+    elif kind == "drain-partition":
+        # Soon after the drain began: its basic.cancel has reached the broker.
+        delay = world.rng.uniform(0.02, 1.0)
+
+        def armed() -> None:
+            world.after(delay, lambda: _partition_for(cluster, worker, duration))
+
+        worker.on_drain = armed
+    else:
+        return _cancel_a_consumer(cluster, worker.name)
+    return True
+
+
+def _apply_to_any(cluster: Cluster, fault: Fault) -> bool:
+    """Freeze, or cut off ZooKeeper, a worker or a coordinator."""
+    world, duration = cluster.world, fault.duration
+    process = _any_process(cluster, fault.target)
+    if not process.alive or process.frozen_since is not None:
+        return False
+    if fault.kind == "freeze":
+        _freeze(cluster, process)
+        world.after(duration, lambda: _thaw(cluster, process))
+    else:
+        _cut_zk(process)
+        world.after(duration, lambda: _heal_zk(process))
+    return True
 
 
 ARMED = (
@@ -146,7 +150,7 @@ def _apply_to_servers(cluster: Cluster, fault: Fault) -> bool:
             return False
         if fault.kind == "coordinator-crash":
             coordinator.kill()
-            world.after(duration, lambda: _restart_coordinator(cluster, index))
+            world.after(duration, lambda: cluster.restart_coordinator(index))
         else:
             coordinator.amqp_link.cut()
             world.after(duration, coordinator.amqp_link.heal)
@@ -172,10 +176,11 @@ def heal_all(cluster: Cluster) -> None:
     """Every fault ends now: links heal, frozen processes resume, dead ones start again, the
     management API answers. (Server restarts end on their own, within seconds.)"""
     cluster.broker.api_failing = False
+    upgrade.end(cluster)
     for index in range(len(cluster.workers)):
-        _restart_worker(cluster, index)
+        cluster.restart_worker(index)
     for index in range(len(cluster.coordinators)):
-        _restart_coordinator(cluster, index)
+        cluster.restart_coordinator(index)
     for process in [*cluster.workers, *cluster.coordinators]:
         _thaw(cluster, process)
         _heal_zk(process)
@@ -191,22 +196,6 @@ def _partition_for(cluster: Cluster, process: Process, duration: float) -> None:
 def _any_process(cluster: Cluster, target: int) -> Process:
     processes: list[Process] = [*cluster.workers, *cluster.coordinators]
     return processes[target % len(processes)]
-
-
-def _restart_worker(cluster: Cluster, index: int) -> None:
-    """Start worker ``index`` again once it has ended (a clean stop may take a while)."""
-    worker = cluster.workers[index]
-    if worker.stranded:
-        return
-    if not worker.alive or worker.stopped:
-        cluster.start_worker(index)
-    elif worker.told_to_stop:
-        cluster.world.after(0.5, lambda: _restart_worker(cluster, index))
-
-
-def _restart_coordinator(cluster: Cluster, index: int) -> None:
-    if not cluster.coordinators[index].alive:
-        cluster.start_coordinator(index)
 
 
 def _freeze(cluster: Cluster, process: Process) -> None:
@@ -271,21 +260,26 @@ def strand(cluster: Cluster, worker: SimWorker, how: str) -> None:
 
 def _strand_after_reconnect(cluster: Cluster, worker: SimWorker) -> None:
     """The broker closes the worker's connection; soon after it has announced its new one and
-    subscribed on it, it is cut off ZooKeeper for good, and the leader for longer than its
-    session. The next leader never saw that announcement, and the new connection may still be
-    missing from the management API's list when it fences the worker (finding 3 of the
-    fencing review: it must wait the full lag)."""
+    subscribed on it, it is cut off ZooKeeper for good, and so is the leader for a while:
+    longer than its session (the next leader never saw the announcement), or within it (the
+    same leader looks again after the worker's own, shorter, session may have expired). Either
+    way the new connection may still be missing from the management API's list when the
+    worker is fenced: the fence must wait the full lag."""
     world = cluster.world
     session = cluster.scenario.coordinator_config.session_timeout
+    longer = world.rng.random() < 0.5
 
     def cut() -> None:
-        if not worker.alive:
+        if not worker.alive or cluster.stranded_worker != worker.name:
             return
         worker.stranded = True
         _cut_zk(worker)
         world.note(f"{worker.name} cut off ZooKeeper for good after announcing a connection")
-        for leader in _leaders(cluster):
-            _cut_zk_for(cluster, leader, session, longer=True)
+        leaders = _leaders(cluster)
+        for leader in leaders:
+            _cut_zk_for(cluster, leader, session, longer)
+        if not leaders:
+            world.note("no leader to cut off ZooKeeper with it")
 
     def announced() -> None:
         world.after(world.rng.uniform(0.05, 0.5), cut)
@@ -293,64 +287,3 @@ def _strand_after_reconnect(cluster: Cluster, worker: SimWorker) -> None:
     worker.on_link_up = announced
     if worker.connection is not None:
         cluster.broker.close_connection(worker.connection, "CONNECTION_FORCED")
-
-
-def _upgrade(cluster: Cluster, index: int) -> None:
-    """A rolling upgrade: worker ``index`` is stopped cleanly and, once it has ended, started
-    again with settings of the new release (another drain timeout and withdrawal delay); the
-    next worker goes once this one has registered again. Then each coordinator in turn is
-    killed and started again."""
-    world = cluster.world
-    if index >= len(cluster.workers):
-        _upgrade_coordinator(cluster, 0)
-        return
-    worker = cluster.workers[index]
-    if not worker.alive or worker.stopped or worker.told_to_stop or worker.stranded:
-        world.after(0.5, lambda: _upgrade(cluster, index + 1))
-        return
-    world.note(f"rolling upgrade: {worker.name}")
-    worker.stop()
-    new = replace(
-        cluster.worker_configs[index],
-        drain_timeout=world.rng.choice((1.0, 3.0, 6.0)),
-        withdraw_after=world.rng.choice((0.0, 12.0)),
-    )
-
-    def started() -> None:
-        cluster.worker_configs[index] = new
-        _restart_worker(cluster, index)
-        _when_registered(cluster, index, lambda: _upgrade(cluster, index + 1))
-
-    _when(world, lambda: not worker.alive or worker.stopped, started)
-
-
-def _when_registered(cluster: Cluster, index: int, then: Callable[[], None]) -> None:
-    """``then`` once worker ``index`` (whichever process it is by then) has registered, or
-    after 30 s: a fault may keep it from registering for a while."""
-    deadline = cluster.world.now + 30.0
-
-    def registered() -> bool:
-        worker = cluster.workers[index]
-        return bool(worker.machine.incarnation) or cluster.world.now >= deadline
-
-    _when(cluster.world, registered, then)
-
-
-def _upgrade_coordinator(cluster: Cluster, index: int) -> None:
-    if index >= len(cluster.coordinators):
-        cluster.rolling = False
-        return
-    coordinator = cluster.coordinators[index]
-    if coordinator.alive:
-        cluster.world.note(f"rolling upgrade: {coordinator.name}")
-        coordinator.kill()
-        cluster.world.after(0.5, lambda: _restart_coordinator(cluster, index))
-    cluster.world.after(3.0, lambda: _upgrade_coordinator(cluster, index + 1))
-
-
-def _when(world: World, condition: Callable[[], bool], then: Callable[[], None]) -> None:
-    """``then`` once ``condition`` holds, checked every 0.25 virtual seconds."""
-    if condition():
-        then()
-    else:
-        world.after(0.25, lambda: _when(world, condition, then))

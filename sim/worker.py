@@ -28,6 +28,10 @@ PATHS = Paths("sim")
 ACK_FLUSH_WITHIN = 1.0
 
 
+DRAIN_TIMEOUTS = (1.0, 3.0, 6.0)  # drawn for workers and coordinators
+WITHDRAW_DELAYS = (0.0, 12.0)  # 0: the session timeout
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     drain_timeout: float = 5.0
@@ -35,7 +39,7 @@ class WorkerConfig:
     prefetch: int = 8
     concurrency: int = 4
     capacity: int = 1
-    withdraw_after: float = 0.0  # 0: the session timeout (HASHQ_WITHDRAW_AFTER unset)
+    withdraw_after: float = 0.0  # 0: the worker's session timeout (the first rule)
 
 
 class SimWorker(Process):

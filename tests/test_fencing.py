@@ -114,15 +114,31 @@ async def test_a_fence_waits_until_the_newest_connection_can_be_listed(
 
 
 def test_a_leader_elected_again_waits_the_full_lag_for_what_it_saw_in_an_earlier_term() -> None:
-    """Leading, then not, then leading again: announcements made meanwhile were never seen
-    here, so the sightings of the earlier term must not let a fence list at once (the
-    simulation found it, seed 19: the fence missed a young connection and its buckets stalled
-    behind the stranded worker's consumer)."""
+    """Leading, then not, then leading again: a worker may have announced a connection and
+    lost its session meanwhile, unseen here, so the sighting of the earlier term must not let
+    a fence list at once (the simulation found it, seed 197: the fence missed a young
+    connection and its buckets stalled behind the stranded worker's consumer)."""
     book = FenceBook()
-    book.note({"w1": _registration(1)}, {INCARNATION}, now=0.0)
-    assert book.listable_in(INCARNATION, now=10.0, lag=6.0) == 0.0
-    book.new_term()
-    assert book.listable_in(INCARNATION, now=10.0, lag=6.0) == 6.0
+    book.note({"w1": _registration(1)}, {INCARNATION}, now=0.0, asked=0.0)
+    book.note({"w1": _registration(1)}, {INCARNATION}, now=10.0, asked=9.95)
+    book.new_term()  # however soon after the last look of the earlier term
+    book.note({}, {INCARNATION}, now=10.5, asked=10.45)  # the first look of the new term
+    assert book.listable_in(INCARNATION, now=10.5, lag=6.0) == 6.0
+    assert book.sighting(INCARNATION, now=10.5).liveness  # still asks the broker first
+
+
+def test_a_worker_that_vanished_while_the_leader_could_not_look_is_fenced_afresh() -> None:
+    """The leader keeps its lead through a ZooKeeper outage shorter than its session; a worker
+    with a shorter session announces a connection and loses its session meanwhile. The old
+    sighting, and a fence that covered it, must not stand for the connection it never saw."""
+    for gap, afresh in ((0.5, False), (3.0, True)):
+        book = FenceBook()
+        book.note({"w1": _registration(1)}, {INCARNATION}, now=0.0, asked=0.0)
+        book.note({"w1": _registration(1)}, {INCARNATION}, now=10.0, asked=9.95)
+        book.done(INCARNATION, book.sighting(INCARNATION, 10.0))
+        book.note({}, {INCARNATION}, now=10.0 + gap, asked=9.95 + gap)  # w1 is gone
+        assert (INCARNATION not in book.covered()) is afresh
+        assert book.listable_in(INCARNATION, now=10.0 + gap, lag=6.0) == (6.0 if afresh else 0.0)
 
 
 async def test_a_fence_goes_on_after_any_failure_of_the_management_api(

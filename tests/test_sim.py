@@ -8,6 +8,7 @@ run)."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 
@@ -15,7 +16,7 @@ import pytest
 
 import coordinator.handover as handover
 from coordinator import machine as cm
-from coordinator.fencebook import FenceBook
+from coordinator.fencebook import FenceBook, Incarnation
 from hashq.machines.events import Action, Session
 from hashq.machines.states import Lease
 from hashq.machines.worker import WorkerMachine
@@ -65,8 +66,21 @@ def _lock_released_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SimCoordinator, "_do", resign_once)
 
 
-def _sightings_kept_across_terms(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(FenceBook, "new_term", lambda self: None)
+def _sightings_trusted_after_a_blind_spot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither a new term nor a long gap between looks makes the sightings of vanished
+    incarnations start again."""
+    monkeypatch.setattr(FenceBook, "_unseen", lambda self, vanished, now: None)
+
+
+def _only_a_new_term_is_a_blind_spot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader cut off ZooKeeper within its session trusts what it saw before."""
+    unseen = FenceBook._unseen
+
+    def after_elections_only(self: FenceBook, vanished: set[Incarnation], now: float) -> None:
+        if self._seen_until == -math.inf:
+            unseen(self, vanished, now)
+
+    monkeypatch.setattr(FenceBook, "_unseen", after_elections_only)
 
 
 def _withdrawn_without_a_timer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,9 +100,13 @@ FOUND: dict[str, tuple[int, Callable[[pytest.MonkeyPatch], None]]] = {
     "a revoked bucket released before the broker dropped its channel": (253, _release_on_any_close),
     "a connection that died while announced was taken as up": (96, _any_connection_is_up),
     "a deposed leader's lock node blocked every election": (11, _lock_released_once),
-    "a leader elected again trusted its earlier term's sightings": (
+    "a leader cut off ZooKeeper within its session trusted what it saw before": (
+        1,
+        _only_a_new_term_is_a_blind_spot,
+    ),
+    "a leader trusted sightings from before a blind spot (its election)": (
         197,
-        _sightings_kept_across_terms,
+        _sightings_trusted_after_a_blind_spot,
     ),
     "a withdrawn worker waited for an unrelated event to register again": (
         16,

@@ -24,7 +24,7 @@ class WorkerState(enum.Enum):
     FENCED = "fenced"
     """Session lost: every bucket was cut off; registering afresh."""
     WITHDRAWN = "withdrawn"
-    """Cut off from RabbitMQ for longer than the session timeout: deregistered, so that the
+    """Cut off from RabbitMQ for longer than ``withdraw_after``: deregistered, so that the
     coordinator moves its buckets; holds nothing; registers afresh once RabbitMQ answers."""
     STOPPING = "stopping"
     """Draining every bucket, then releasing and deregistering."""

@@ -305,7 +305,7 @@ class WorkerMachine(WorkerLeases):
         return lost is not None and now - lost >= self.withdraw_after and not self._busy
 
     def _withdraw(self, now: float, actions: list[Action]) -> None:
-        """RabbitMQ has been out of reach for the session timeout: a worker that cannot consume
+        """RabbitMQ has been out of reach for ``withdraw_after``: a worker that cannot consume
         must not keep its grants, so it deregisters (the coordinator then moves its buckets,
         fencing whatever connection of it the broker may still hold) and registers afresh, as a
         new incarnation, once RabbitMQ answers again."""

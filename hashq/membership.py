@@ -80,6 +80,7 @@ class Membership:
             host=_hostname(),
             pid=_pid(),
             drain_timeout=drain_timeout,
+            session_timeout=self._settings.zk_session_timeout,
         )
         await asyncio.to_thread(self._create_registration, registration)
         self.incarnation = incarnation

@@ -129,6 +129,7 @@ class Registration:
     pid: int = 0
     connection: str = ""  # its current AMQP connection's name (see ``worker_connection_name``)
     drain_timeout: float = 0.0  # how long it drains a revoked bucket; 0: unknown (protocol 1)
+    session_timeout: float = 0.0  # its ZooKeeper session timeout; 0: unknown (older workers)
 
     def encode(self) -> bytes:
         return _encode(self)

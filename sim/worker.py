@@ -170,6 +170,7 @@ class SimWorker(Process):
             capacity=self.config.capacity,
             connection=connection,
             drain_timeout=self.config.drain_timeout,
+            session_timeout=self.config.session_timeout,
         )
 
     def _begin(self) -> None:

@@ -145,6 +145,23 @@ def test_an_owner_that_does_not_release_is_fenced_and_named() -> None:
     assert decision.stuck == {0: ("a", 30.0)}
 
 
+def test_an_owner_is_given_at_least_its_session_before_it_is_fenced() -> None:
+    """Cut off ZooKeeper, an owner never hears of the revoke and starts what it holds until its
+    client notices, within its session: a fence after only its drain timeout (1 s) plus the
+    grace could let it start a message after the next owner did (simulation seed 531)."""
+    owner = Registration("a", "a1", 1, drain_timeout=1.0, session_timeout=6.0)
+    record = BucketRecord("revoking", "a", "a1", 1, target="b", since=0.0)
+    view = View(1, {0: record}, {"a": owner}, frozenset(), frozenset(), 0.0, 30.0, fence_grace=1.0)
+    assert view.revoke_timeout_of(record) == 6.0
+    unknown = Registration("a", "a1", 1, drain_timeout=1.0)  # an older worker says no session
+    assert (
+        View(
+            1, {0: record}, {"a": unknown}, frozenset(), frozenset(), 0.0, 30.0, fence_grace=1.0
+        ).revoke_timeout_of(record)
+        == 2.0
+    )
+
+
 def test_before_membership_settles_only_orphans_move() -> None:
     a, b = _registration("a", 0), _registration("b", 0)
     records = {

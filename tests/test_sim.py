@@ -93,7 +93,7 @@ FOUND: dict[str, tuple[int, Callable[[pytest.MonkeyPatch], None]]] = {
     "a connection that died while announced was taken as up": (96, _any_connection_is_up),
     "a deposed leader's lock node blocked every election": (11, _lock_released_once),
     "a leader trusted sightings from before a blind spot (its election)": (
-        39,
+        344,
         _sightings_trusted_after_a_blind_spot,
     ),
 }
@@ -142,7 +142,7 @@ def test_a_failing_run_shrinks_to_fewer_faults_that_still_fail(
         return following
 
     monkeypatch.setattr(handover, "_next", grant_without_fence)
-    seed = 5  # one of the seeds that notices (docs/guarantees.md, "Mutations")
+    seed = 1  # one of the seeds that notices (docs/guarantees.md, "Mutations")
     outcome = Cluster(Scenario.draw(seed)).run(STEPS)
     assert outcome.violation, "the simulation did not notice fencing was gone"
     faults, shrunk = shrink(seed, STEPS, outcome)

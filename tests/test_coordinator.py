@@ -355,11 +355,12 @@ async def test_status_shows_leader_workers_and_owners(
 async def test_a_worker_that_does_not_release_in_its_drain_timeout_is_fenced_and_named(
     initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
 ) -> None:
-    """The coordinator gives a revoked worker the drain timeout the worker registered, plus the
-    grace; one frozen before it could drain (its session outlives the freeze) is fenced after
-    that, named in one line, and its buckets go on elsewhere."""
+    """The coordinator gives a revoked worker the drain timeout the worker registered plus the
+    grace, but at least the session timeout it registered, not the coordinator's own 60 s. One
+    frozen before it could drain is fenced within that (its session, 4 s, runs out first: a
+    worker cut off never starts a message after the fence), and its buckets go on elsewhere."""
     coordinator = cluster("c1", HASHQ_DRAIN_TIMEOUT="60", HASHQ_FENCE_GRACE="0.5")
-    quick = {"HASHQ_DRAIN_TIMEOUT": "1", "HASHQ_ZK_SESSION_TIMEOUT": "10"}
+    quick = {"HASHQ_DRAIN_TIMEOUT": "1", "HASHQ_ZK_SESSION_TIMEOUT": "4"}
     frozen = cluster("w1", **quick)
     await eventually(lambda: all_granted(zk_view, initialized.buckets, {"w1"}))
     messages, expected = workload(keys=40, per_key=5)
@@ -367,9 +368,8 @@ async def test_a_worker_that_does_not_release_in_its_drain_timeout_is_fenced_and
     cluster("w2", **quick)
     frozen.stop_process()  # before it sees the revoke: it neither drains nor releases
     try:
-        await eventually(lambda: "did not release within" in coordinator.output(), within=30)
-        assert "worker w1 did not release within 2s" in coordinator.output()  # 1 + 0.5, not 60
         await eventually(lambda: "fenced worker w1" in coordinator.output(), within=30)
+        assert "within 60s" not in coordinator.output()
     finally:
         frozen.signal(signal.SIGCONT)
     report = await asyncio.to_thread(wait_for_executions, record, expected, 60)

@@ -171,7 +171,9 @@ class Cluster:
         if not worker.alive or worker.stopped:
             self.start_worker(index)
         elif worker.told_to_stop:
-            self.world.after(0.5, lambda: self.restart_worker(index))
+            self.world.when(
+                lambda: not worker.alive or worker.stopped, lambda: self.restart_worker(index)
+            )
 
     def restart_coordinator(self, index: int) -> None:
         if not self.coordinators[index].alive:

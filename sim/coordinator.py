@@ -75,7 +75,7 @@ class SimCoordinator(Process):
         self._generation = itertools.count(1)
         self._fences: dict[Incarnation, int] = {}  # the generation each fence runs under
         self.on_claim: Callable[[], None] | None = None  # a fault armed for the next claim
-        self.on_commit: Callable[[], None] | None = None  # ... for the next commit
+        self.on_commit: Callable[[cm.Commit], None] | None = None  # ... for the next commit
 
     def start(self) -> None:
         for path in (PATHS.workers, PATHS.releases):
@@ -282,7 +282,7 @@ class SimCoordinator(Process):
     def _commit(self, commit: cm.Commit) -> None:
         if self.on_commit is not None:
             armed, self.on_commit = self.on_commit, None
-            armed()
+            armed(commit)
         alive = getattr(self, "_alive_node", "")
         checker = self.checker
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from coordinator.machine import Commit
+from hashq.protocol import BucketState
 from sim import upgrade
 from sim.faults import Fault
 from sim.process import Process
@@ -71,11 +73,14 @@ def _apply_to_any(cluster: Cluster, fault: Fault) -> bool:
     return True
 
 
+MOVED_WITHIN = 60.0  # the longest a confirm-freeze waits for a bucket to move
+
 ARMED = (
     "confirm-freeze",
     "announce-cut",
     "claim-partition",
     "commit-partition",
+    "revoke-cut",
     "leader-zk-partition",
 )
 
@@ -85,17 +90,9 @@ def _apply_armed(cluster: Cluster, fault: Fault) -> bool:
     world = cluster.world
     session = cluster.scenario.coordinator_config.session_timeout
     if fault.kind == "confirm-freeze":
-        worker = cluster.workers[fault.target % len(cluster.workers)]
-        seconds = session * world.rng.uniform(1.5, 3.0)
-
-        def freeze_again() -> None:
-            if worker.alive and worker.frozen_since is None and not worker.stranded:
-                world.note(f"{worker.name} frozen again as it checks its session")
-                _freeze(cluster, worker)
-                world.after(seconds, lambda: _thaw(cluster, worker))
-
-        worker.on_confirm = freeze_again
-        return worker.alive
+        return _pause_then_freeze_at_confirm(
+            cluster, cluster.workers[fault.target % len(cluster.workers)]
+        )
     if fault.kind == "announce-cut":
         worker = cluster.workers[fault.target % len(cluster.workers)]
 
@@ -116,13 +113,76 @@ def _apply_armed(cluster: Cluster, fault: Fault) -> bool:
         return coordinator.alive
     if fault.kind == "commit-partition":
         coordinator = coordinators[fault.target % len(coordinators)]
-        coordinator.on_commit = lambda: _cut_zk_for(cluster, coordinator, session)
+        coordinator.on_commit = lambda _: _cut_zk_for(cluster, coordinator, session)
         return coordinator.alive
+    if fault.kind == "revoke-cut":
+        leaders = _leaders(cluster) or [coordinators[fault.target % len(coordinators)]]
+        return _cut_owner_at_revoke(cluster, leaders[0])
     leaders = _leaders(cluster)
     if not leaders:
         return False
     _cut_zk_for(cluster, leaders[0], session)
     return True
+
+
+def _pause_then_freeze_at_confirm(cluster: Cluster, worker: SimWorker) -> bool:
+    """A pause the worker notices, so it checks its session; as ZooKeeper's answer arrives
+    (queued for the loop), it is frozen again, until what it holds has moved on: the answer is
+    stale by then, and only the check asked after the second pause may be believed."""
+    world = cluster.world
+    if not worker.alive or worker.stopped or worker.frozen_since is not None or worker.stranded:
+        return False
+    session = worker.config.session_timeout
+    worker.on_confirm = lambda: _freeze_until_moved(cluster, worker)
+    world.note(f"{worker.name} paused, to check its session")
+    _freeze(cluster, worker)
+    world.after(max(0.6, session * world.rng.uniform(0.3, 0.8)), lambda: _thaw(cluster, worker))
+    return True
+
+
+def _freeze_until_moved(cluster: Cluster, worker: SimWorker) -> None:
+    """Frozen until a bucket it holds has started elsewhere at a newer epoch (its session
+    expired and the coordinator fenced it meanwhile), at most ``MOVED_WITHIN``; for 1.5 to 3
+    of its sessions if it holds nothing."""
+    world = cluster.world
+    if not worker.alive or worker.frozen_since is not None or worker.stranded:
+        return
+    held = [(lease.bucket, lease.epoch) for lease in worker.machine.leases.values()]
+    session = worker.config.session_timeout
+    deadline = world.now + (MOVED_WITHIN if held else session * world.rng.uniform(1.5, 3.0))
+
+    def moved() -> bool:
+        return any(cluster.checker.newest_start(bucket) > epoch for bucket, epoch in held)
+
+    world.note(f"{worker.name} frozen again as it checks its session, holding {held}")
+    _freeze(cluster, worker)
+    world.when(lambda: moved() or world.now >= deadline, lambda: _thaw(cluster, worker))
+
+
+def _cut_owner_at_revoke(cluster: Cluster, coordinator: SimCoordinator) -> bool:
+    """At the next revoke ``coordinator`` commits, the bucket's owner is cut off both servers
+    (its host partitioned) within its session: it never hears of the revoke nor of a fence
+    closing its connection, so it goes on starting what it holds until its ZooKeeper client
+    notices the cut."""
+
+    def armed(commit: Commit) -> None:
+        owners = sorted(
+            str(record.owner)
+            for record in commit.records.values()
+            if record.state == BucketState.REVOKING.value and record.owner
+        )
+        worker = next((w for w in cluster.workers if owners and w.name == owners[0]), None)
+        if worker is None:
+            coordinator.on_commit = armed  # no revoke in this commit: wait for the next
+            return
+        seconds = worker.config.session_timeout * cluster.world.rng.uniform(0.2, 0.8)
+        cluster.world.note(f"{worker.name} cut off both servers for {seconds:.2f}s at a revoke")
+        cluster.broker.partition(worker.amqp_link)
+        _cut_zk(worker)
+        cluster.world.after(seconds, lambda: _heal_both(worker))
+
+    coordinator.on_commit = armed
+    return coordinator.alive
 
 
 def _leaders(cluster: Cluster) -> list[SimCoordinator]:
@@ -183,8 +243,7 @@ def heal_all(cluster: Cluster) -> None:
         cluster.restart_coordinator(index)
     for process in [*cluster.workers, *cluster.coordinators]:
         _thaw(cluster, process)
-        _heal_zk(process)
-        _heal_amqp(process)
+        _heal_both(process)
 
 
 def _partition_for(cluster: Cluster, process: Process, duration: float) -> None:
@@ -209,6 +268,11 @@ def _freeze(cluster: Cluster, process: Process) -> None:
 def _heal_amqp(process: Process) -> None:
     if not process.stranded:
         process.amqp_link.heal()
+
+
+def _heal_both(process: Process) -> None:
+    _heal_zk(process)
+    _heal_amqp(process)
 
 
 def _thaw(cluster: Cluster, process: Process) -> None:

@@ -58,6 +58,10 @@ class Checker:
         self._newest_start: dict[int, int] = {}  # bucket -> newest epoch started
         self._granted: dict[int, int] = {}  # bucket -> epoch of its latest grant
 
+    def newest_start(self, bucket: int) -> int:
+        """The newest epoch anything of ``bucket`` started at (0: nothing yet)."""
+        return self._newest_start.get(bucket, 0)
+
     def start(
         self, worker: str, key: str, seq: int, bucket: int, epoch: int, now: float
     ) -> Execution:

@@ -6,17 +6,15 @@ node lasts until its session expires. Healing ends an upgrade under way."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sim.worker import DRAIN_TIMEOUTS, WITHDRAW_DELAYS
-from sim.world import World
+from sim.world import POLL_SECONDS
 
 if TYPE_CHECKING:
     from sim.cluster import Cluster
 
-POLL_SECONDS = 0.25
 REGISTER_WITHIN = 30.0  # a fault may keep a restarted worker from registering for a while
 
 
@@ -58,13 +56,12 @@ def _worker(cluster: Cluster, round_: int, index: int) -> None:
         cluster.worker_configs[index] = new
         cluster.restart_worker(index)
         deadline = world.now + REGISTER_WITHIN
-        _when(
-            world,
+        world.when(
             lambda: bool(cluster.workers[index].machine.incarnation) or world.now >= deadline,
             lambda: _worker(cluster, round_, index + 1),
         )
 
-    _when(world, lambda: not worker.alive or worker.stopped, ended)
+    world.when(lambda: not worker.alive or worker.stopped, ended)
 
 
 def _coordinator(cluster: Cluster, round_: int, index: int) -> None:
@@ -79,11 +76,3 @@ def _coordinator(cluster: Cluster, round_: int, index: int) -> None:
         coordinator.kill()
         cluster.world.after(0.5, lambda: cluster.restart_coordinator(index))
     cluster.world.after(3.0, lambda: _coordinator(cluster, round_, index + 1))
-
-
-def _when(world: World, condition: Callable[[], bool], then: Callable[[], None]) -> None:
-    """``then`` once ``condition`` holds, checked every ``POLL_SECONDS`` of virtual time."""
-    if condition():
-        then()
-    else:
-        world.after(POLL_SECONDS, lambda: _when(world, condition, then))

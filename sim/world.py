@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger("sim")
 
+POLL_SECONDS = 0.25  # how often ``World.when`` looks
+
 
 class Violation(Exception):
     """An invariant failed; ``str()`` says which and how."""
@@ -49,6 +51,14 @@ class World:
         timer = _Timer(self.now + max(0.0, delay), self._order, action)
         heapq.heappush(self._heap, timer)
         return timer
+
+    def when(self, condition: Callable[[], bool], then: Callable[[], None]) -> None:
+        """``then`` once ``condition`` holds, looked at now and every ``POLL_SECONDS`` of
+        virtual time (for faults and restarts that wait on the cluster's state)."""
+        if condition():
+            then()
+        else:
+            self.after(POLL_SECONDS, lambda: self.when(condition, then))
 
     def latency(self, low: float = 0.0005, high: float = 0.01) -> float:
         return self.rng.uniform(low, high)

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SERVICES := scripts/services.sh
 PYTEST_ARGS ?=
 
-.PHONY: run test lint services down status venv clean chaos bench sim
+.PHONY: run test lint services down status venv clean chaos bench sim mutations
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,11 +47,22 @@ chaos: venv services
 
 # The deterministic simulation (docs/guarantees.md): SEEDS seeds from FIRST, STEPS steps of
 # faults each; a failing seed is shrunk and printed with a command that replays it.
+# (make mutations: SEEDS as given, else 240; read before SEEDS gets the sim's default)
+MUTATION_SEEDS := $(or $(SEEDS),240)
 SEEDS ?= 200
 FIRST ?= 1
 STEPS ?= 20000
 sim: venv
 	$(BIN)/python -m sim.run --seeds $(SEEDS) --first $(FIRST) --steps $(STEPS)
+
+# Each rule of the protocol taken out in turn (sim/mutations.py; docs/guarantees.md,
+# "Mutations"), then SEEDS seeds (240 unless given) run on it; MUTATIONS names some (all by
+# default); the table goes to .mutations.md.
+JOBS ?= 2
+MUTATIONS ?=
+mutations: venv
+	$(BIN)/python -m sim.mutations --seeds $(MUTATION_SEEDS) --first $(FIRST) --steps $(STEPS) \
+		--jobs $(JOBS) --markdown .mutations.md $(MUTATIONS)
 
 # Every benchmark step in one run; figures in .bench/bench.json, the plot in docs/.
 bench: venv services

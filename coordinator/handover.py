@@ -50,7 +50,7 @@ class View:
         Never less than the owner's session timeout: an owner cut off ZooKeeper never hears of
         the revoke and goes on starting what it holds until its client notices (within two
         thirds of its session); fenced sooner, it could start a message after the next owner
-        did (the simulation found it, seed 531)."""
+        did (the simulation found it: tests/test_sim.py)."""
         registration = self.workers.get(str(record.owner))
         if registration is None or registration.incarnation != record.incarnation:
             return self.revoke_timeout

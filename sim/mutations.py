@@ -207,6 +207,13 @@ MUTATIONS = (
         "if self._seen_until == -math.inf:",
     ),
     Mutation(
+        "revoke-within-drain",
+        "a revoke waits only the owner's drain timeout and the grace, not its session",
+        "coordinator/handover.py",
+        "return max(registration.drain_timeout + self.fence_grace, registration.session_timeout)",
+        "return registration.drain_timeout + self.fence_grace",
+    ),
+    Mutation(
         "withdraw-no-timer",
         "a withdrawn worker sets no timer",
         WORKER,

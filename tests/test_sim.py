@@ -23,6 +23,7 @@ from hashq.machines.worker import WorkerMachine
 from hashq.protocol import BucketRecord
 from sim.cluster import Cluster, Scenario
 from sim.coordinator import SimCoordinator
+from sim.mutations import MUTATIONS, ROOT
 from sim.run import outcomes, shrink, simulate
 
 STEPS = 20000
@@ -132,6 +133,13 @@ def test_a_budget_of_seeds_keeps_every_invariant() -> None:
         if outcome.violation
     }
     assert failed == {}
+
+
+def test_every_mutation_of_the_campaign_still_applies() -> None:
+    """``make mutations`` takes each rule out by an exact edit: one that no longer matches the
+    code would report an error instead of a figure."""
+    stale = [m.name for m in MUTATIONS if (ROOT / m.path).read_text().count(m.old) != 1]
+    assert stale == []
 
 
 def test_a_seed_replays_exactly() -> None:

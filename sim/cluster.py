@@ -175,6 +175,9 @@ class Cluster:
                 lambda: not worker.alive or worker.stopped, lambda: self.restart_worker(index)
             )
 
+    def leaders(self) -> list[SimCoordinator]:
+        return [c for c in self.coordinators if c.alive and c.machine.role.value == "leader"]
+
     def restart_coordinator(self, index: int) -> None:
         if not self.coordinators[index].alive:
             self.start_coordinator(index)

@@ -16,7 +16,7 @@ FAULT_KINDS = (
     "leader-zk-partition",  # cut the leading coordinator off ZooKeeper, within its session
     "claim-partition",  # ... a coordinator off ZooKeeper just after it took the lock
     "commit-partition",  # ... a coordinator off ZooKeeper as it commits (within its session)
-    "revoke-cut",  # ... a bucket's owner off ZooKeeper as its revoke is committed
+    "revoke-cut",  # a bucket's owner cut off both servers as its revoke is committed
     "confirm-freeze",  # a pause, then a freeze as its session check answers, till buckets moved
     "announce-cut",  # the broker closes a worker's new connection while it is announced
     "coordinator-crash",  # kill -9 a coordinator; it starts again after the duration

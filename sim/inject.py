@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from coordinator.machine import Commit
-from hashq.protocol import BucketState
-from sim import upgrade
+from sim import armed, upgrade
 from sim.faults import Fault
+from sim.links import cut_zk, cut_zk_for, freeze, heal_amqp, heal_both, heal_zk, thaw
 from sim.process import Process
 
 if TYPE_CHECKING:
     from sim.cluster import Cluster
-    from sim.coordinator import SimCoordinator
     from sim.worker import SimWorker
 
 
 def apply(cluster: Cluster, fault: Fault) -> bool:
     """Carry ``fault`` out; False if it had nothing to act on (its target is down, say)."""
     kind = fault.kind
-    if kind in ("crash", "stop", "amqp-partition", "drain-partition", "server-cancel"):
+    if kind in ("crash", "stop", "amqp-partition", "server-cancel"):
         return _apply_to_worker(cluster, fault)
     if kind in ("freeze", "zk-partition"):
         return _apply_to_any(cluster, fault)
-    if kind in ARMED:
-        return _apply_armed(cluster, fault)
+    if kind in armed.ARMED:
+        return armed.arm(cluster, fault)
+    if kind == "leader-zk-partition":
+        return _cut_leader_off_zk(cluster)
     if kind == "rolling-upgrade":
         return upgrade.start(cluster)
     return _apply_to_servers(cluster, fault)
@@ -44,15 +44,7 @@ def _apply_to_worker(cluster: Cluster, fault: Fault) -> bool:
         world.after(duration, lambda: cluster.restart_worker(index))
     elif kind == "amqp-partition":
         cluster.broker.partition(worker.amqp_link)
-        world.after(duration, lambda: _heal_amqp(worker))
-    elif kind == "drain-partition":
-        # Soon after the drain began: its basic.cancel has reached the broker.
-        delay = world.rng.uniform(0.02, 1.0)
-
-        def armed() -> None:
-            world.after(delay, lambda: _partition_for(cluster, worker, duration))
-
-        worker.on_drain = armed
+        world.after(duration, lambda: heal_amqp(worker))
     else:
         return _cancel_a_consumer(cluster, worker.name)
     return True
@@ -65,140 +57,20 @@ def _apply_to_any(cluster: Cluster, fault: Fault) -> bool:
     if not process.alive or process.frozen_since is not None:
         return False
     if fault.kind == "freeze":
-        _freeze(cluster, process)
-        world.after(duration, lambda: _thaw(cluster, process))
+        freeze(cluster, process)
+        world.after(duration, lambda: thaw(process))
     else:
-        _cut_zk(process)
-        world.after(duration, lambda: _heal_zk(process))
+        cut_zk(process)
+        world.after(duration, lambda: heal_zk(process))
     return True
 
 
-MOVED_WITHIN = 60.0  # the longest a confirm-freeze waits for a bucket to move
-
-ARMED = (
-    "confirm-freeze",
-    "announce-cut",
-    "claim-partition",
-    "commit-partition",
-    "revoke-cut",
-    "leader-zk-partition",
-)
-
-
-def _apply_armed(cluster: Cluster, fault: Fault) -> bool:
-    """Faults timed by the protocol itself: they strike at the moment a decision is taken."""
-    world = cluster.world
-    session = cluster.scenario.coordinator_config.session_timeout
-    if fault.kind == "confirm-freeze":
-        return _pause_then_freeze_at_confirm(
-            cluster, cluster.workers[fault.target % len(cluster.workers)]
-        )
-    if fault.kind == "announce-cut":
-        worker = cluster.workers[fault.target % len(cluster.workers)]
-
-        def cut_new_connection() -> None:
-            def cut() -> None:
-                if worker.connection is not None and worker.alive:
-                    world.note(f"{worker.name}: its new connection closed as it is announced")
-                    cluster.broker.close_connection(worker.connection, "CONNECTION_FORCED")
-
-            world.after(world.rng.uniform(0.001, 0.03), cut)
-
-        worker.on_reconnect = cut_new_connection
-        return worker.alive
-    coordinators = cluster.coordinators
-    if fault.kind == "claim-partition":
-        coordinator = coordinators[fault.target % len(coordinators)]
-        coordinator.on_claim = lambda: _cut_zk_for(cluster, coordinator, session)
-        return coordinator.alive
-    if fault.kind == "commit-partition":
-        coordinator = coordinators[fault.target % len(coordinators)]
-        coordinator.on_commit = lambda _: _cut_zk_for(cluster, coordinator, session)
-        return coordinator.alive
-    if fault.kind == "revoke-cut":
-        leaders = _leaders(cluster) or [coordinators[fault.target % len(coordinators)]]
-        return _cut_owner_at_revoke(cluster, leaders[0])
-    leaders = _leaders(cluster)
-    if not leaders:
-        return False
-    _cut_zk_for(cluster, leaders[0], session)
-    return True
-
-
-def _pause_then_freeze_at_confirm(cluster: Cluster, worker: SimWorker) -> bool:
-    """A pause the worker notices, so it checks its session; as ZooKeeper's answer arrives
-    (queued for the loop), it is frozen again, until what it holds has moved on: the answer is
-    stale by then, and only the check asked after the second pause may be believed."""
-    world = cluster.world
-    if not worker.alive or worker.stopped or worker.frozen_since is not None or worker.stranded:
-        return False
-    session = worker.config.session_timeout
-    worker.on_confirm = lambda: _freeze_until_moved(cluster, worker)
-    world.note(f"{worker.name} paused, to check its session")
-    _freeze(cluster, worker)
-    world.after(max(0.6, session * world.rng.uniform(0.3, 0.8)), lambda: _thaw(cluster, worker))
-    return True
-
-
-def _freeze_until_moved(cluster: Cluster, worker: SimWorker) -> None:
-    """Frozen until a bucket it holds has started elsewhere at a newer epoch (its session
-    expired and the coordinator fenced it meanwhile), at most ``MOVED_WITHIN``; for 1.5 to 3
-    of its sessions if it holds nothing."""
-    world = cluster.world
-    if not worker.alive or worker.frozen_since is not None or worker.stranded:
-        return
-    held = [(lease.bucket, lease.epoch) for lease in worker.machine.leases.values()]
-    session = worker.config.session_timeout
-    deadline = world.now + (MOVED_WITHIN if held else session * world.rng.uniform(1.5, 3.0))
-
-    def moved() -> bool:
-        return any(cluster.checker.newest_start(bucket) > epoch for bucket, epoch in held)
-
-    world.note(f"{worker.name} frozen again as it checks its session, holding {held}")
-    _freeze(cluster, worker)
-    world.when(lambda: moved() or world.now >= deadline, lambda: _thaw(cluster, worker))
-
-
-def _cut_owner_at_revoke(cluster: Cluster, coordinator: SimCoordinator) -> bool:
-    """At the next revoke ``coordinator`` commits, the bucket's owner is cut off both servers
-    (its host partitioned) within its session: it never hears of the revoke nor of a fence
-    closing its connection, so it goes on starting what it holds until its ZooKeeper client
-    notices the cut."""
-
-    def armed(commit: Commit) -> None:
-        owners = sorted(
-            str(record.owner)
-            for record in commit.records.values()
-            if record.state == BucketState.REVOKING.value and record.owner
-        )
-        worker = next((w for w in cluster.workers if owners and w.name == owners[0]), None)
-        if worker is None:
-            coordinator.on_commit = armed  # no revoke in this commit: wait for the next
-            return
-        seconds = worker.config.session_timeout * cluster.world.rng.uniform(0.2, 0.8)
-        cluster.world.note(f"{worker.name} cut off both servers for {seconds:.2f}s at a revoke")
-        cluster.broker.partition(worker.amqp_link)
-        _cut_zk(worker)
-        cluster.world.after(seconds, lambda: _heal_both(worker))
-
-    coordinator.on_commit = armed
-    return coordinator.alive
-
-
-def _leaders(cluster: Cluster) -> list[SimCoordinator]:
-    return [c for c in cluster.coordinators if c.alive and c.machine.role.value == "leader"]
-
-
-def _cut_zk_for(cluster: Cluster, process: Process, session: float, longer: bool = False) -> None:
-    """Off ZooKeeper for less than its session timeout: the session, and its nodes, survive.
-    ``longer``: for 1.5 to 3 session timeouts, so that the session expires."""
-    world = cluster.world
-    seconds = session * (world.rng.uniform(1.5, 3.0) if longer else world.rng.uniform(0.2, 0.8))
-    if not process.zk_link.up or not process.alive:
-        return
-    world.note(f"{process.name} cut off ZooKeeper for {seconds:.2f}s")
-    _cut_zk(process)
-    world.after(seconds, lambda: _heal_zk(process))
+def _cut_leader_off_zk(cluster: Cluster) -> bool:
+    """The leading coordinator, within its session."""
+    leaders = cluster.leaders()
+    if leaders:
+        cut_zk_for(cluster, leaders[0], cluster.scenario.coordinator_config.session_timeout)
+    return bool(leaders)
 
 
 def _apply_to_servers(cluster: Cluster, fault: Fault) -> bool:
@@ -213,7 +85,7 @@ def _apply_to_servers(cluster: Cluster, fault: Fault) -> bool:
             world.after(duration, lambda: cluster.restart_coordinator(index))
         else:
             coordinator.amqp_link.cut()
-            world.after(duration, coordinator.amqp_link.heal)
+            world.after(duration, lambda: heal_amqp(coordinator))
         return True
     if fault.kind == "management-failing":
         broker.api_failing = True
@@ -237,65 +109,19 @@ def heal_all(cluster: Cluster) -> None:
     management API answers. (Server restarts end on their own, within seconds.)"""
     cluster.broker.api_failing = False
     upgrade.end(cluster)
+    armed.disarm(cluster)
     for index in range(len(cluster.workers)):
         cluster.restart_worker(index)
     for index in range(len(cluster.coordinators)):
         cluster.restart_coordinator(index)
     for process in [*cluster.workers, *cluster.coordinators]:
-        _thaw(cluster, process)
-        _heal_both(process)
-
-
-def _partition_for(cluster: Cluster, process: Process, duration: float) -> None:
-    cluster.world.note(f"{process.name} cut off RabbitMQ as it drains, for {duration:.2f}s")
-    cluster.broker.partition(process.amqp_link)
-    cluster.world.after(duration, lambda: _heal_amqp(process))
+        thaw(process)
+        heal_both(process)
 
 
 def _any_process(cluster: Cluster, target: int) -> Process:
     processes: list[Process] = [*cluster.workers, *cluster.coordinators]
     return processes[target % len(processes)]
-
-
-def _freeze(cluster: Cluster, process: Process) -> None:
-    """A stopped process answers nothing: to the servers it is cut off, and they give up on it
-    after their timeouts."""
-    process.freeze()
-    cluster.broker.partition(process.amqp_link)
-    _cut_zk(process)
-
-
-def _heal_amqp(process: Process) -> None:
-    if not process.stranded:
-        process.amqp_link.heal()
-
-
-def _heal_both(process: Process) -> None:
-    _heal_zk(process)
-    _heal_amqp(process)
-
-
-def _thaw(cluster: Cluster, process: Process) -> None:
-    if process.frozen_since is None or process.stranded:
-        return
-    process.amqp_link.heal()
-    _heal_zk(process)
-    process.resume()
-
-
-def _cut_zk(process: Process) -> None:
-    client = getattr(process, "client", None)
-    if process.zk_link.up and client is not None:
-        process.zk_link.cut()
-        client.partitioned()
-
-
-def _heal_zk(process: Process) -> None:
-    if not process.zk_link.up and not process.stranded:
-        process.zk_link.heal()
-        client = getattr(process, "client", None)
-        if client is not None:
-            client.healed()
 
 
 def _cancel_a_consumer(cluster: Cluster, worker: str) -> bool:
@@ -315,11 +141,11 @@ def strand(cluster: Cluster, worker: SimWorker, how: str) -> None:
         return
     worker.stranded = True
     if how in ("zk-partition", "isolated"):
-        _cut_zk(worker)
+        cut_zk(worker)
     if how in ("amqp-partition", "isolated"):
         cluster.broker.partition(worker.amqp_link)
     if how == "freeze":
-        _freeze(cluster, worker)
+        freeze(cluster, worker)
 
 
 def _strand_after_reconnect(cluster: Cluster, worker: SimWorker) -> None:
@@ -337,11 +163,11 @@ def _strand_after_reconnect(cluster: Cluster, worker: SimWorker) -> None:
         if not worker.alive or cluster.stranded_worker != worker.name:
             return
         worker.stranded = True
-        _cut_zk(worker)
+        cut_zk(worker)
         world.note(f"{worker.name} cut off ZooKeeper for good after announcing a connection")
-        leaders = _leaders(cluster)
+        leaders = cluster.leaders()
         for leader in leaders:
-            _cut_zk_for(cluster, leader, session, longer)
+            cut_zk_for(cluster, leader, session, longer)
         if not leaders:
             world.note("no leader to cut off ZooKeeper with it")
 

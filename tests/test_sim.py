@@ -98,19 +98,19 @@ def _every_verdict_believed(monkeypatch: pytest.MonkeyPatch) -> None:
 # confirm-freeze fault waits for the buckets to move): a seed that shows each with its fix out.
 FOUND: dict[str, tuple[int, Callable[[pytest.MonkeyPatch], None]]] = {
     "an owner cut off ZooKeeper was fenced before it could notice": (
-        434,
+        1097,
         _fenced_within_the_drain_timeout,
     ),
     "a worker cut off from RabbitMQ kept its grants": (6, _no_withdraw),
-    "a revoked bucket released before the broker dropped its channel": (356, _release_on_any_close),
-    "a connection that died while announced was taken as up": (78, _any_connection_is_up),
-    "a deposed leader's lock node blocked every election": (3, _lock_released_once),
+    "a revoked bucket released before the broker dropped its channel": (509, _release_on_any_close),
+    "a connection that died while announced was taken as up": (105, _any_connection_is_up),
+    "a deposed leader's lock node blocked every election": (6, _lock_released_once),
     "a session check answered before a second pause was believed after it": (
         12,
         _every_verdict_believed,
     ),
     "a leader trusted sightings from before a blind spot (its election)": (
-        220,
+        420,
         _sightings_trusted_after_a_blind_spot,
     ),
 }

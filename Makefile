@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-SERVICES := scripts/services.sh
+SERVICES := tools/services.sh
 PYTEST_ARGS ?=
 
 .PHONY: run test lint services down status venv clean chaos bench sim mutations
@@ -25,14 +25,14 @@ status: venv
 	$(BIN)/hashq status
 
 run: venv services
-	$(BIN)/python -m examples.demo
+	$(BIN)/python -m tools.demo.run
 
 test: venv services
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check hashq coordinator examples chaos sim tests
-	$(BIN)/ruff format --check hashq coordinator examples chaos sim tests
+	$(BIN)/ruff check hashq coordinator tools tests
+	$(BIN)/ruff format --check hashq coordinator tools tests
 	$(BIN)/mypy
 
 clean: down
@@ -43,7 +43,7 @@ DURATION ?= 600
 SEED ?= 1
 CHAOS_ARGS ?= --rate 2000 --keys 5000
 chaos: venv services
-	$(BIN)/python -m chaos.run --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
+	$(BIN)/python -m tools.chaos.run --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
 
 # The deterministic simulation (docs/guarantees.md): SEEDS seeds from FIRST, STEPS steps of
 # faults each; a failing seed is shrunk and printed with a command that replays it.
@@ -53,17 +53,17 @@ SEEDS ?= 200
 FIRST ?= 1
 STEPS ?= 20000
 sim: venv
-	$(BIN)/python -m sim.run --seeds $(SEEDS) --first $(FIRST) --steps $(STEPS)
+	$(BIN)/python -m tools.sim.run --seeds $(SEEDS) --first $(FIRST) --steps $(STEPS)
 
-# Each rule of the protocol taken out in turn (sim/mutations.py; docs/guarantees.md,
+# Each rule of the protocol taken out in turn (tools/sim/mutations.py; docs/guarantees.md,
 # "Mutations"), then SEEDS seeds (240 unless given) run on it; MUTATIONS names some (all by
 # default); the table goes to .mutations.md.
 JOBS ?= 2
 MUTATIONS ?=
 mutations: venv
-	$(BIN)/python -m sim.mutations --seeds $(MUTATION_SEEDS) --first $(FIRST) --steps $(STEPS) \
+	$(BIN)/python -m tools.sim.mutations --seeds $(MUTATION_SEEDS) --first $(FIRST) --steps $(STEPS) \
 		--jobs $(JOBS) --markdown .mutations.md $(MUTATIONS)
 
 # Every benchmark step in one run; figures in .bench/bench.json, the plot in docs/.
 bench: venv services
-	$(BIN)/hashq bench --out .bench --plot docs/benchmarks.png
+	$(BIN)/python -m tools.bench.run --out .bench --plot docs/benchmarks.png

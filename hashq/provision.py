@@ -21,13 +21,13 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, ChannelPrecondit
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from hashq.amqp import connect_amqp, connection_name
+from hashq._io.amqp import connect_amqp, connection_name
+from hashq._io.management import Management
+from hashq._io.zk import acl, close_zk, connect_zk
 from hashq.errors import ServiceUnavailable, TopologyMismatch
-from hashq.management import Management
-from hashq.protocol import Paths
+from hashq.records import Paths
 from hashq.settings import Settings
 from hashq.topology import BUCKET_WEIGHT, Topology
-from hashq.zk import acl, close_zk, connect_zk
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def read_record(zk: KazooClient, topology: Topology) -> Topology | None:
 
 
 def ensure_folders(zk: KazooClient, settings: Settings) -> None:
-    """The app's folders in ZooKeeper, with their ACLs (see ``hashq.zk``): made once, by
+    """The app's folders in ZooKeeper, with their ACLs (see ``hashq._io.zk``): made once, by
     ``hashq init``, since with ACLs only coordinators' credentials may make them."""
     paths = Paths(settings.app)
     for path in (paths.assignments, paths.buckets, paths.election):

@@ -24,7 +24,7 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from aiormq.exceptions import PublishError as ReturnedError
 from pamqp import commands as spec
 
-from hashq.amqp import close_quietly, connect_amqp, connection_name, connection_usable
+from hashq._io.amqp import close_quietly, connect_amqp, connection_name, connection_usable
 from hashq.errors import (
     BatchPublishError,
     HashqError,

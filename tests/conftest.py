@@ -12,12 +12,12 @@ from urllib.parse import quote
 import pytest
 from kazoo.client import KazooClient
 
-from hashq.management import Management
+from hashq._io.management import Management
 from hashq.settings import Settings
-from tests.grants import Grants
-from tests.helpers import open_zk
-from tests.services import Endpoints, find_endpoints
-from tests.workers import SESSION, StartWorker, WorkerProcess, start_coordinator
+from tests.support.grants import Grants
+from tests.support.helpers import open_zk
+from tests.support.services import Endpoints, find_endpoints
+from tests.support.workers import SESSION, StartWorker, WorkerProcess, start_coordinator
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def endpoints() -> Iterator[Endpoints]:
     if found is None:
         message = (
             "no RabbitMQ and ZooKeeper: set HASHQ_TEST_AMQP_URL and HASHQ_TEST_ZK_HOSTS, "
-            "start a Docker engine, or let scripts/services.sh install them (as root)"
+            "start a Docker engine, or let tools/services.sh install them (as root)"
         )
         if os.environ.get("CI") == "true":
             pytest.fail(message)
@@ -126,7 +126,7 @@ def start_worker(initialized: Settings, record: Path, tmp_path: Path) -> Iterato
     started: list[WorkerProcess] = []
 
     def start(
-        worker_id: str, handler: str = "tests.handlers:record", **extra: str
+        worker_id: str, handler: str = "tests.support.handlers:record", **extra: str
     ) -> WorkerProcess:
         worker = WorkerProcess(initialized, worker_id, handler, record, tmp_path, extra)
         started.append(worker)
@@ -162,7 +162,7 @@ def cluster(initialized: Settings, tmp_path: Path) -> Iterator[Callable[..., Wor
             process = start_coordinator(initialized, name, tmp_path, env)
         else:
             process = WorkerProcess(
-                initialized, name, "tests.handlers:record", record, tmp_path, env
+                initialized, name, "tests.support.handlers:record", record, tmp_path, env
             )
         started.append(process)
         return process

@@ -1,0 +1,48 @@
+"""``hashq-coordinator``: run a coordinator. Run two or more; one leads, the others stand by.
+
+SIGTERM or SIGINT gives up the lead (a standby takes over at once) and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from hashq._io.command import logging_from_args, run_command, settings_flags
+from hashq._io.logs import add_context
+from hashq.settings import Settings
+from hashq_coordinator.service import Coordinator
+from hashq_coordinator.settings import CoordinatorSettings
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: Settings, args: argparse.Namespace) -> int:
+    assert isinstance(settings, CoordinatorSettings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stop.set)
+    coordinator = Coordinator(settings)
+    add_context(coordinator=coordinator.me)
+    await coordinator.run(stop)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hashq-coordinator",
+        description="Assign buckets to live workers; hand each over with drain and fence.",
+        parents=[settings_flags(CoordinatorSettings)],
+    )
+    args = parser.parse_args(argv)
+    logging_from_args(args)
+    return run_command(serve, args, parser.prog, CoordinatorSettings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""One step of the coordinator: from what ZooKeeper holds now and the plan, the next record of
+every bucket, the assignments that follow from them, and the fences to carry out. Pure: no I/O.
+
+Per bucket (states in ``hashq.records.BucketState``):
+
+    unassigned --target live--------------------------------> granted(target, epoch + 1)
+    granted --owner gone------------------------------------> fencing
+    granted --plan moves it---------------------------------> revoking(target)
+    revoking --release at epoch seen------------------------> granted(target, epoch + 1)
+    revoking --owner gone, or no release in drain timeout---> fencing
+    fencing --owner's connection cut off (or released)-----> granted(target, epoch + 1)
+
+A bucket is in an owner's assignment only while ``granted`` to it: leaving the assignment is
+what tells the owner to drain. A grant never happens before the previous owner released or was
+cut off, and always at a higher epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from hashq.records import Assignment, BucketRecord, BucketState, Registration
+
+GRANTED = BucketState.GRANTED.value
+REVOKING = BucketState.REVOKING.value
+FENCING = BucketState.FENCING.value
+UNASSIGNED = BucketState.UNASSIGNED.value
+
+Incarnation = tuple[str, str]  # (worker id, incarnation)
+
+
+@dataclass(frozen=True)
+class View:
+    """What the leader knows at one moment."""
+
+    buckets: int
+    records: Mapping[int, BucketRecord]
+    workers: Mapping[str, Registration]  # live registrations
+    releases: frozenset[tuple[int, int]]  # (bucket, epoch) released
+    fenced: frozenset[Incarnation]  # incarnations whose every connection is cut off
+    now: float  # the leader's monotonic clock; ``BucketRecord.since`` is on the same clock
+    revoke_timeout: float  # how long a revoked owner may take to release before it is fenced
+    fence_grace: float = 0.0  # beyond an owner's own drain timeout, when it says it
+
+    def revoke_timeout_of(self, record: BucketRecord) -> float:
+        """How long ``record``'s owner may take to release: its own drain timeout (from its
+        registration) plus the grace, so that a worker that drains longer than the coordinator
+        expects is not fenced mid-drain; ``revoke_timeout`` for a worker that does not say.
+        Never less than the owner's session timeout: an owner cut off ZooKeeper never hears of
+        the revoke and goes on starting what it holds until its client notices (within two
+        thirds of its session); fenced sooner, it could start a message after the next owner
+        did (the simulation found it: tests/unit/test_sim.py)."""
+        registration = self.workers.get(str(record.owner))
+        if registration is None or registration.incarnation != record.incarnation:
+            return self.revoke_timeout
+        if registration.drain_timeout <= 0:
+            return self.revoke_timeout
+        return max(registration.drain_timeout + self.fence_grace, registration.session_timeout)
+
+
+@dataclass
+class Decision:
+    records: dict[int, BucketRecord] = field(default_factory=dict)  # the changed ones
+    fences: set[Incarnation] = field(default_factory=set)  # to cut off
+    # bucket -> (owner that did not release, seconds it was given)
+    stuck: dict[int, tuple[str, float]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
+
+
+def committed_owners(view: View) -> dict[int, str | None]:
+    """Who each bucket belongs to for planning: its target while it moves, else its owner."""
+    owners: dict[int, str | None] = {}
+    for bucket in range(view.buckets):
+        record = view.records.get(bucket, BucketRecord())
+        owners[bucket] = record.target if record.state in (REVOKING, FENCING) else record.owner
+    return owners
+
+
+def step(view: View, plan: Mapping[int, str | None], settled: bool = True) -> Decision:
+    """The next records. Until membership has ``settled``, no owned bucket starts to move (so a
+    rolling restart causes no storm), but buckets without an owner are granted, handovers
+    under way go on, and buckets of vanished owners are fenced."""
+    decision = Decision()
+    for bucket in range(view.buckets):
+        record = view.records.get(bucket, BucketRecord())
+        target = _target(record, plan.get(bucket), settled, view)
+        following = _next(bucket, record, target, view, decision)
+        if following != record:
+            decision.records[bucket] = following
+        if (
+            following.state == FENCING
+            and (following.owner, following.incarnation) not in view.fenced
+        ):
+            decision.fences.add((str(following.owner), str(following.incarnation)))
+    return decision
+
+
+def _target(record: BucketRecord, planned: str | None, settled: bool, view: View) -> str | None:
+    if settled or record.state == UNASSIGNED or record.state == FENCING:
+        return planned
+    if record.state == REVOKING:
+        return record.target
+    return record.owner if _live(record, view) else planned
+
+
+def _next(
+    bucket: int, record: BucketRecord, target: str | None, view: View, decision: Decision
+) -> BucketRecord:
+    if record.state == UNASSIGNED:
+        return _grant(record, target, view)
+    live = _live(record, view)
+    if record.state == GRANTED:
+        if not live:
+            return _moving(record, FENCING, target, view.now)
+        if target is not None and target != record.owner:
+            return _moving(record, REVOKING, target, view.now)
+        return record
+    released = (bucket, record.epoch) in view.releases
+    if record.state == REVOKING:
+        if released:
+            return _grant(record, target, view)
+        allowed = view.revoke_timeout_of(record)
+        if not live or view.now - record.since > allowed:
+            if live:
+                decision.stuck[bucket] = (str(record.owner), allowed)
+            return _moving(record, FENCING, target, view.now)
+        return replace(record, target=target)
+    # FENCING
+    if released or (record.owner, record.incarnation) in view.fenced:
+        return _grant(record, target, view)
+    return replace(record, target=target)
+
+
+def _live(record: BucketRecord, view: View) -> bool:
+    registration = view.workers.get(str(record.owner))
+    return registration is not None and registration.incarnation == record.incarnation
+
+
+def _moving(record: BucketRecord, state: str, target: str | None, now: float) -> BucketRecord:
+    """Into (or on in) a moving state; ``since`` is when the bucket entered that state."""
+    since = record.since if state == record.state else now
+    return replace(record, state=state, target=target, since=since)
+
+
+def _grant(record: BucketRecord, target: str | None, view: View) -> BucketRecord:
+    """Grant to ``target`` at the next epoch if it is live, else leave the bucket unassigned."""
+    registration = view.workers.get(str(target)) if target is not None else None
+    if registration is None:
+        if record.state == UNASSIGNED:
+            return record
+        return BucketRecord(UNASSIGNED, None, None, record.epoch)
+    return BucketRecord(GRANTED, registration.worker_id, registration.incarnation, record.epoch + 1)
+
+
+def assignments(
+    records: Mapping[int, BucketRecord], workers: Mapping[str, Registration], leader_epoch: int
+) -> dict[str, Assignment]:
+    """Each live worker's assignment: the buckets granted to its current incarnation."""
+    result = {
+        worker_id: Assignment(registration.incarnation, {}, leader_epoch)
+        for worker_id, registration in workers.items()
+    }
+    for bucket, record in records.items():
+        assignment = result.get(str(record.owner))
+        if record.state == GRANTED and assignment and assignment.incarnation == record.incarnation:
+            assignment.grants[bucket] = record.epoch
+    return result

@@ -1,0 +1,66 @@
+"""Whether a worker incarnation still has an AMQP connection, asked of the broker itself.
+
+Each connection of a worker incarnation holds an exclusive queue (``Topology.liveness_queue``)
+from before it is named in ZooKeeper until it closes, however it closes. A passive declare
+answers at once, with no listing lag and without the management API: NOT_FOUND means no
+connection of the incarnation holds it now, and one that takes it later reads its assignment
+afresh before consuming, or cannot announce itself at all once its registration is gone.
+RESOURCE_LOCKED (another connection's exclusive queue) means one lives. A coordinator whose
+management API does not answer can still move a dead worker's buckets this way; a worker that
+is alive but stuck must still be closed through the API.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aio_pika.abc import AbstractConnection
+from aiormq.exceptions import ChannelNotFoundEntity
+
+from hashq._io.amqp import close_quietly, connect_amqp, connection_name, connection_usable
+from hashq.settings import Settings
+from hashq.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+class Liveness:
+    """Asks the broker, on a connection of its own, whether an incarnation is connected."""
+
+    def __init__(self, settings: Settings, topology: Topology) -> None:
+        self._settings = settings
+        self._topology = topology
+        self._connection: AbstractConnection | None = None
+
+    async def gone(self, worker_id: str, incarnation: str) -> bool:
+        """True only if the broker says no connection of the incarnation exists now; False if
+        one does, or if the broker cannot be asked."""
+        queue = self._topology.liveness_queue(worker_id, incarnation)
+        try:
+            channel = await (await self._connect()).channel()
+        except Exception as exc:
+            log.debug("liveness: no channel to the broker: %r", exc)
+            return False
+        try:
+            await channel.declare_queue(queue, passive=True)
+        except ChannelNotFoundEntity:
+            return True
+        except Exception as exc:  # RESOURCE_LOCKED: held by the worker's connection
+            log.debug("liveness of %s: %r", queue, exc)
+            return False
+        if not channel.is_closed:
+            await channel.close()
+        return False
+
+    async def _connect(self) -> AbstractConnection:
+        if not connection_usable(self._connection):
+            if self._connection is not None:
+                await close_quietly(self._connection)
+            self._connection = await connect_amqp(self._settings, connection_name("coordinator"))
+        assert self._connection is not None
+        return self._connection
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            await close_quietly(connection)

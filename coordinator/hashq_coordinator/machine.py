@@ -1,0 +1,398 @@
+"""The coordinator's decisions, without I/O: whether it leads, what it last committed, and from
+each observation of ZooKeeper the next commit and the fences to carry out.
+
+``CoordinatorMachine.handle(event, now)`` returns actions; ``hashq_coordinator.service``
+carries them out with kazoo and the management API, the simulator (``tools/sim/``) with its
+models. ``now`` is the caller's monotonic clock: bucket records' ``since`` is kept on it while
+this process leads.
+
+While leading, one observation at a time: ``Observe`` -> ``Observed`` -> ``Commit`` ->
+``Committed`` (or ``Deposed``). Fences start only once the records that need them are
+committed, and each incarnation has at most one fence under way.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from hashq.records import PROTOCOL_VERSION, Assignment, BucketRecord, BucketState, Registration
+from hashq_coordinator.fencebook import FenceBook, Incarnation, Sighting
+from hashq_coordinator.handover import View, assignments, committed_owners, step
+from hashq_coordinator.planner import plan
+
+log = logging.getLogger(__name__)
+
+MOVING = (BucketState.REVOKING.value, BucketState.FENCING.value)
+
+
+class Role(enum.Enum):
+    CANDIDATE = "candidate"
+    """Waiting for the lock: writes nothing."""
+    CLAIMING = "claiming"
+    """Holds the lock; raising the leader epoch and reading the state: writes nothing else
+    yet. If that fails the lock must be given back: a lock node left behind would sit ahead of
+    every later one of this session, and nobody could lead."""
+    LEADER = "leader"
+    """Holds the lock and the current leader epoch: the only one that writes decisions."""
+    STOPPED = "stopped"
+
+
+# ------------------------------------------------------------ events
+@dataclass(frozen=True)
+class LockAcquired:
+    pass
+
+
+@dataclass(frozen=True)
+class ClaimFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class Elected:
+    """The lock is held and the leader epoch raised; what ZooKeeper held then."""
+
+    epoch: int
+    version: int  # of the leader node: every commit checks it
+    records: Mapping[int, BucketRecord]
+    assignments: Mapping[str, Assignment]
+
+
+@dataclass(frozen=True)
+class SessionLost:
+    pass
+
+
+@dataclass(frozen=True)
+class Observed:
+    workers: Mapping[str, Registration]
+    releases: Mapping[tuple[int, int], str]  # (bucket, epoch) -> node name
+
+
+@dataclass(frozen=True)
+class ObserveFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class Committed:
+    pass
+
+
+@dataclass(frozen=True)
+class Deposed:
+    error: str
+
+
+@dataclass(frozen=True)
+class FenceDone:
+    incarnation: Incarnation
+    covered: Sighting
+
+
+@dataclass(frozen=True)
+class StepDown:
+    """Stop leading (the process stops)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Event = (
+    LockAcquired
+    | ClaimFailed
+    | Elected
+    | SessionLost
+    | StepDown
+    | Observed
+    | ObserveFailed
+    | Committed
+    | Deposed
+    | FenceDone
+    | Tick
+)
+
+
+# ------------------------------------------------------------ actions
+@dataclass(frozen=True)
+class Claim:
+    """Raise the leader epoch (a checked set), tie the lead to this session, and read every
+    bucket record and assignment (``Elected`` or ``ClaimFailed``)."""
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    """Release the lock, retrying until ZooKeeper takes it; then campaign again."""
+
+
+@dataclass(frozen=True)
+class Observe:
+    """Read the registrations and the releases (``Observed`` or ``ObserveFailed``)."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One transaction, checked against the leader node's ``version``."""
+
+    version: int
+    records: Mapping[int, BucketRecord]  # changed
+    known_records: tuple[int, ...]  # buckets whose node exists
+    assignments: Mapping[str, Assignment]  # changed
+    known_assignments: tuple[str, ...]
+    removed: tuple[str, ...]  # assignments of workers gone
+    consumed: tuple[str, ...]  # release nodes acted upon
+
+
+@dataclass(frozen=True)
+class Fence:
+    incarnation: Incarnation
+
+
+@dataclass(frozen=True)
+class Resign:
+    """No longer leading: every fence under way is abandoned (``GiveBack`` follows)."""
+
+    why: str
+
+
+Action = Claim | GiveBack | Observe | Commit | Fence | Resign
+
+
+@dataclass
+class _Pending:
+    records: dict[int, BucketRecord]
+    written: dict[str, Assignment]
+    fences: set[Incarnation]
+    changed: dict[int, BucketRecord] = field(default_factory=dict)
+
+
+class CoordinatorMachine:
+    def __init__(
+        self,
+        me: str,
+        buckets: int,
+        *,
+        settle: float,
+        drain_timeout: float,
+        fence_grace: float,
+        book: FenceBook | None = None,
+    ) -> None:
+        self.me = me
+        self.buckets = buckets
+        self.settle = settle
+        self.revoke_timeout = drain_timeout + fence_grace
+        self.fence_grace = fence_grace
+        self.role = Role.CANDIDATE
+        self.book = book or FenceBook()
+        self.records: dict[int, BucketRecord] = {}
+        self.written: dict[str, Assignment] = {}
+        self.members: set[Incarnation] = set()
+        self.fencing: set[Incarnation] = set()
+        self.grants_made = 0
+        self.fences_done = 0
+        self._leader_epoch = 0
+        self._version = 0
+        self._changed_at = 0.0
+        self._busy = False  # an observation or a commit is under way
+        self._asked_at = 0.0  # when the observation under way was asked
+        self._pending: _Pending | None = None
+        self._refused: set[Incarnation] = set()
+
+    def in_transit(self) -> int:
+        return sum(1 for record in self.records.values() if record.state in MOVING)
+
+    # ------------------------------------------------------------ events
+    def handle(self, event: Event, now: float) -> list[Action]:
+        if isinstance(event, LockAcquired):
+            self.role = Role.CLAIMING
+            return [Claim()]
+        if isinstance(event, ClaimFailed):
+            log.warning(
+                "coordinator %s: taking the lead failed (%s); retrying", self.me, event.error
+            )
+            self.role = Role.CANDIDATE
+            return [GiveBack()]
+        if isinstance(event, Elected):
+            return self._elected(event, now)
+        if isinstance(event, SessionLost):
+            if self.role is not Role.CANDIDATE:
+                log.warning("coordinator %s: ZooKeeper session lost; not leading", self.me)
+                return self._resign("session lost")
+            return []
+        if isinstance(event, StepDown):
+            return self._resign(event.why)
+        if self.role is not Role.LEADER:
+            return []
+        if isinstance(event, Observed):
+            return self._observed(event, now)
+        if isinstance(event, ObserveFailed):
+            log.warning("coordinator %s: reading state failed: %s", self.me, event.error)
+            self._busy = False
+            return []
+        if isinstance(event, Committed):
+            return self._committed()
+        if isinstance(event, Deposed):
+            log.warning("coordinator %s: %s; standing down", self.me, event.error)
+            return self._resign("deposed")
+        if isinstance(event, FenceDone):
+            self.fencing.discard(event.incarnation)
+            self.book.done(event.incarnation, event.covered)
+            self.fences_done += 1
+        if self._busy:
+            return []
+        self._busy, self._asked_at = True, now
+        return [Observe()]
+
+    def _elected(self, event: Elected, now: float) -> list[Action]:
+        if self.role is not Role.CLAIMING:
+            return []  # the claim outlived its session: the lock went with it (``Resign``)
+        self._leader_epoch, self._version = event.epoch, event.version
+        # Moving buckets' ``since`` restarts on this process's clock: the previous leader's
+        # means nothing here, so each pending revoke gets its full time again.
+        self.records = {
+            b: replace(r, since=now) if r.state in MOVING else r for b, r in event.records.items()
+        }
+        self.written = dict(event.assignments)
+        self.book.new_term()
+        self._changed_at, self._busy, self._pending, self._asked_at = now, True, None, now
+        self.role = Role.LEADER
+        log.info(
+            "coordinator %s: leader at leader epoch %d (%d buckets in transit)",
+            self.me,
+            event.epoch,
+            self.in_transit(),
+        )
+        return [Observe()]
+
+    def _resign(self, why: str) -> list[Action]:
+        if self.role is Role.LEADER:
+            log.info("coordinator %s: gives up the lead (%s)", self.me, why)
+        self.role = Role.CANDIDATE
+        self.records, self.written, self.fencing = {}, {}, set()
+        self._busy, self._pending = False, None
+        # The lock goes back however long ZooKeeper takes: dropped after one failed try while
+        # the session lives on, its node would sit ahead of every later one of this session.
+        return [Resign(why), GiveBack()]
+
+    # ------------------------------------------------------------ one observation
+    def _observed(self, event: Observed, now: float) -> list[Action]:
+        live = self._understood(event.workers)
+        self._note_membership(live, now)
+        settled = now - self._changed_at >= self.settle
+        view = View(
+            buckets=self.buckets,
+            records=self.records,
+            workers=live,
+            releases=frozenset(event.releases),
+            fenced=self.book.covered(),
+            now=now,
+            revoke_timeout=self.revoke_timeout,
+            fence_grace=self.fence_grace,
+        )
+        capacities = {worker: registration.capacity for worker, registration in live.items()}
+        decision = step(view, plan(view.buckets, capacities, committed_owners(view)), settled)
+        for bucket, (owner, waited) in decision.stuck.items():
+            log.warning(
+                "bucket %d: worker %s did not release within %.0fs; fencing it",
+                bucket,
+                owner,
+                waited,
+            )
+        commit = self._commit_of(decision.records, live, event.releases)
+        records = {**self.records, **decision.records}
+        written = {**self.written, **commit.assignments}
+        written = {w: a for w, a in written.items() if w not in commit.removed}
+        self._pending = _Pending(records, written, decision.fences, decision.records)
+        if not (commit.records or commit.assignments or commit.removed or commit.consumed):
+            return self._committed()
+        return [commit]
+
+    def _commit_of(
+        self,
+        changed: dict[int, BucketRecord],
+        live: Mapping[str, Registration],
+        releases: Mapping[tuple[int, int], str],
+    ) -> Commit:
+        records = {**self.records, **changed}
+        wanted = assignments(records, live, self._leader_epoch)
+        unassigned = BucketState.UNASSIGNED.value
+        return Commit(
+            version=self._version,
+            records=changed,
+            known_records=tuple(self.records),
+            assignments={w: a for w, a in wanted.items() if self.written.get(w) != a},
+            known_assignments=tuple(self.written),
+            removed=tuple(w for w in self.written if w not in live),
+            consumed=tuple(
+                name
+                for (bucket, epoch), name in releases.items()
+                if bucket not in records
+                or epoch < records[bucket].epoch
+                or records[bucket].state == unassigned
+            ),
+        )
+
+    def _committed(self) -> list[Action]:
+        pending, self._pending, self._busy = self._pending, None, False
+        if pending is None:
+            return []
+        for bucket, record in sorted(pending.changed.items()):
+            before = self.records.get(bucket, BucketRecord())
+            _log_transition(bucket, before, record)
+            if record.epoch > before.epoch:
+                self.grants_made += 1
+        self.records, self.written = pending.records, pending.written
+        fences = sorted(pending.fences - self.fencing)
+        self.fencing.update(fences)
+        return [Fence(incarnation) for incarnation in fences]
+
+    def _understood(self, workers: Mapping[str, Registration]) -> dict[str, Registration]:
+        """The workers whose protocol this coordinator speaks; a newer one gets nothing, since
+        it may read grants differently. Said once per incarnation, at ERROR."""
+        known = {}
+        for worker, registration in workers.items():
+            if registration.version <= PROTOCOL_VERSION:
+                known[worker] = registration
+            elif (worker, registration.incarnation) not in self._refused:
+                self._refused.add((worker, registration.incarnation))
+                log.error(
+                    "worker %s speaks protocol version %d; this coordinator speaks %d: it gets "
+                    "no buckets (upgrade the coordinators first)",
+                    worker,
+                    registration.version,
+                    PROTOCOL_VERSION,
+                )
+        return known
+
+    def _note_membership(self, live: Mapping[str, Registration], now: float) -> None:
+        current = {(w, r.incarnation) for w, r in live.items()}
+        # Fence bookkeeping keeps incarnations that are live or still named by a bucket record.
+        named = {(str(r.owner), str(r.incarnation)) for r in self.records.values() if r.owner}
+        self.book.note(live, current | named, now, self._asked_at)
+        if current != self.members:
+            joined = sorted(w for w, _ in current - self.members)
+            left = sorted(w for w, _ in self.members - current)
+            log.info(
+                "workers: %d live (joined %s, left %s)", len(current), joined or "-", left or "-"
+            )
+            self.members = current
+            self._changed_at = now
+
+
+def _log_transition(bucket: int, before: BucketRecord, after: BucketRecord) -> None:
+    where = f"{after.owner}" + (f" -> {after.target}" if after.target else "")
+    log.info(
+        "bucket %d: %s -> %s (%s, epoch %d)",
+        bucket,
+        before.state,
+        after.state,
+        where if after.owner else "no owner",
+        after.epoch,
+    )

@@ -1,0 +1,145 @@
+"""The coordinator's ZooKeeper I/O: reading the shared state and committing a decision in one
+transaction that also checks the leader node's version, so that a deposed leader (paused,
+partitioned, session expired) cannot overwrite a newer leader's decisions. Blocking calls: run
+them with ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+
+from hashq.errors import HashqError
+from hashq.records import (
+    Assignment,
+    BucketRecord,
+    Leadership,
+    Paths,
+    Registration,
+    parse_release_name,
+)
+
+
+class Deposed(HashqError):
+    """Raised when a write of this coordinator was refused because another leads now, or its
+    session ended: it must stop acting as leader."""
+
+
+@dataclass(frozen=True)
+class Member:
+    registration: Registration
+
+
+class Store:
+    def __init__(self, zk: KazooClient, paths: Paths, buckets: int) -> None:
+        self.zk = zk
+        self.paths = paths
+        self.buckets = buckets
+        self._alive = f"{paths.root}/leader-session-none"
+
+    # ------------------------------------------------------------ reading
+    def workers(self) -> dict[str, Member]:
+        found = {}
+        for name in self.zk.get_children(self.paths.workers):
+            try:
+                data, _ = self.zk.get(self.paths.worker(name))
+                found[name] = Member(Registration.decode(data))
+            except (NoNodeError, ValueError, TypeError):
+                continue
+        return found
+
+    def releases(self) -> dict[tuple[int, int], str]:
+        """(bucket, epoch) -> node name of every release written."""
+        found = {}
+        for name in self.zk.get_children(self.paths.releases):
+            parsed = parse_release_name(name)
+            if parsed is not None:
+                found[parsed] = name
+        return found
+
+    def records(self) -> dict[int, BucketRecord]:
+        records = {}
+        for bucket in range(self.buckets):
+            try:
+                records[bucket] = BucketRecord.decode(self.zk.get(self.paths.bucket(bucket))[0])
+            except NoNodeError:
+                continue
+        return records
+
+    def assignments(self) -> dict[str, Assignment]:
+        found = {}
+        for name in self.zk.get_children(self.paths.assignments):
+            with contextlib.suppress(NoNodeError, ValueError, KeyError):
+                found[name] = Assignment.decode(self.zk.get(self.paths.assignment(name))[0])
+        return found
+
+    # ------------------------------------------------------------ leading
+    def claim(self, me: str) -> tuple[Leadership, int]:
+        """Become leader: raise the leader epoch with a compare-and-set, and tie the lead to this
+        session with an ephemeral node; returns the leadership and the leader node's version,
+        which every later write checks (with the ephemeral node's existence)."""
+        leadership, version = self._raise_epoch(me)
+        self._alive = f"{self.paths.root}/leader-session-{leadership.epoch:010d}"
+        self.zk.create(self._alive, me.encode(), ephemeral=True)
+        return leadership, version
+
+    def _raise_epoch(self, me: str) -> tuple[Leadership, int]:
+        while True:
+            try:
+                data, stat = self.zk.get(self.paths.leader)
+                leadership = Leadership(me, Leadership.decode(data).epoch + 1)
+                stat = self.zk.set(self.paths.leader, leadership.encode(), version=stat.version)
+                return leadership, int(stat.version)
+            except NoNodeError:
+                with contextlib.suppress(NodeExistsError):
+                    self.zk.create(self.paths.leader, Leadership(me, 1).encode())
+                    _, stat = self.zk.get(self.paths.leader)
+                    return Leadership(me, 1), int(stat.version)
+            except BadVersionError:
+                continue
+
+    def commit(
+        self,
+        leader_version: int,
+        records: Mapping[int, BucketRecord],
+        known_records: Iterable[int],
+        assignments: Mapping[str, Assignment],
+        known_assignments: Iterable[str],
+        removed_assignments: Iterable[str],
+        consumed_releases: Iterable[str],
+    ) -> None:
+        """Write a decision atomically, or raise ``Deposed``."""
+        transaction = self.zk.transaction()
+        transaction.check(self.paths.leader, leader_version)
+        # Gone with the session: a leader whose session expired cannot write, even if kazoo
+        # has already reconnected with a new session.
+        transaction.check(self._alive, 0)
+        existing = set(known_records)
+        for bucket, record in records.items():
+            path = self.paths.bucket(bucket)
+            if bucket in existing:
+                transaction.set_data(path, record.encode())
+            else:
+                transaction.create(path, record.encode())
+        written = set(known_assignments)
+        for worker, assignment in assignments.items():
+            path = self.paths.assignment(worker)
+            if worker in written:
+                transaction.set_data(path, assignment.encode())
+            else:
+                transaction.create(path, assignment.encode())
+        for worker in removed_assignments:
+            transaction.delete(self.paths.assignment(worker))
+        for name in consumed_releases:
+            transaction.delete(f"{self.paths.releases}/{name}")
+        try:
+            results = transaction.commit()
+        except KazooException as exc:
+            raise Deposed(f"ZooKeeper refused the leader's write: {type(exc).__name__}") from None
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            raise Deposed(f"the leader's write was refused: {type(failures[0]).__name__}")

@@ -1,0 +1,95 @@
+"""RabbitMQ at the edge: plain (never self-reconnecting) aio-pika connections with a name and a
+clear, secret-free error when the broker cannot be reached.
+
+Connections are deliberately not robust: a connection that reconnects and re-subscribes on its
+own is how a fenced worker turns into a zombie. Whoever owns a connection decides when to open
+a new one.
+
+With a cluster's nodes listed, a connection goes to the first of them that answers, starting
+from a random one so that a fleet's connections spread over the nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import uuid
+
+import aio_pika
+from aio_pika.abc import AbstractConnection
+from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
+
+from hashq._io.tls import tls_context
+from hashq.errors import ServiceUnavailable
+from hashq.settings import Settings, redact_url
+
+log = logging.getLogger(__name__)
+
+
+def connection_name(role: str) -> str:
+    """A name unique to this process and call, shown by the management API and rabbitmqctl."""
+    return f"hashq-{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def connect_amqp(settings: Settings, name: str) -> AbstractConnection:
+    """An open connection named ``name`` to one of ``settings.amqp_urls``."""
+    urls = settings.amqp_urls
+    start = random.randrange(len(urls))
+    failures: list[str] = []
+    for url in urls[start:] + urls[:start]:
+        try:
+            return await _connect(url, settings, name)
+        except ServiceUnavailable as exc:
+            failures.append(str(exc))
+    if len(failures) == 1:
+        raise ServiceUnavailable(failures[0])
+    raise ServiceUnavailable(f"no RabbitMQ node answered: {'; '.join(failures)}")
+
+
+async def _connect(url: str, settings: Settings, name: str) -> AbstractConnection:
+    where = redact_url(url)
+    try:
+        return await asyncio.wait_for(
+            aio_pika.connect(
+                url,
+                client_properties={"connection_name": name},
+                ssl_context=tls_context(settings) if url.startswith("amqps:") else None,
+            ),
+            timeout=settings.connect_timeout,
+        )
+    except ProbableAuthenticationError:
+        raise ServiceUnavailable(f"RabbitMQ at {where} refused the credentials") from None
+    except TimeoutError:
+        raise ServiceUnavailable(
+            f"RabbitMQ at {where} did not answer within {settings.connect_timeout:g}s"
+        ) from None
+    except (AMQPConnectionError, OSError) as exc:
+        raise ServiceUnavailable(
+            f"RabbitMQ at {where} cannot be reached: {_first_line(exc)}"
+        ) from None
+
+
+def connection_usable(connection: AbstractConnection | None) -> bool:
+    """True while ``connection`` can carry frames. After a server-forced close aio-pika may
+    leave ``is_closed`` False; the underlying aiormq connection tells."""
+    if connection is None or connection.is_closed:
+        return False
+    underlay = getattr(connection, "transport", None)
+    return underlay is not None and not underlay.connection.is_closed
+
+
+async def close_quietly(connection: AbstractConnection, within: float = 5.0) -> None:
+    """Close ``connection``, bounded in time and silent: one whose peer is gone may neither
+    answer the close nor fail it."""
+    try:
+        await asyncio.wait_for(connection.close(), timeout=within)
+    except Exception as exc:
+        log.debug("closing connection: %r", exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,1 @@
+"""The ``hashq`` admin command: init, publish, status, dead-letters, zk-digest."""

@@ -1,0 +1,136 @@
+"""The admin commands behind ``hashq``: each takes the settings and the parsed flags and returns
+an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import IO
+
+from kazoo.security import make_digest_acl_credential
+
+from hashq.admin import dead_letters as dlq
+from hashq.admin.jobs_file import Progress, read_messages
+from hashq.admin.status import gather_status, render_table
+from hashq.errors import BatchPublishError, ConfigError, InvalidMessage
+from hashq.provision import ensure_topology
+from hashq.publisher import Publisher
+from hashq.settings import Settings
+
+
+async def init(settings: Settings, args: argparse.Namespace) -> int:
+    topology = await ensure_topology(settings)
+    print(
+        f"app {topology.app}: exchange {topology.exchange} with {topology.buckets} "
+        f"{topology.queue_type} bucket queues, dead letters in {topology.dead_letter_queue}: ready"
+    )
+    return 0
+
+
+async def publish(settings: Settings, args: argparse.Namespace) -> int:
+    await ensure_topology(settings, check_bindings=False)
+    progress = Progress(enabled=not args.quiet and sys.stderr.isatty())
+    failed = 0
+    stopped: InvalidMessage | None = None
+    async with Publisher(settings, max_in_flight=args.max_in_flight) as publisher:
+        with _open_input(args.file) as stream:
+            try:
+                await publisher.publish_many(read_messages(stream), on_confirmed=progress.update)
+            except BatchPublishError as exc:
+                failed = len(exc.failures)
+                for failure in exc.failures[:5]:
+                    print(f"hashq: message {failure.index + 1}: {failure.error}", file=sys.stderr)
+            except InvalidMessage as exc:
+                stopped = exc
+    progress.finish()
+    print(
+        f"published {progress.count:,} messages to hashq.{settings.app}, {failed:,} failed, "
+        f"in {progress.elapsed():.1f}s ({progress.rate():,.0f}/s)",
+        file=sys.stderr,
+    )
+    if stopped is not None:
+        raise InvalidMessage(
+            f"stopped at bad input: {stopped}; the {progress.count:,} messages confirmed before "
+            "it stay published"
+        )
+    return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _open_input(path: str) -> Iterator[IO[str]]:
+    if path == "-":
+        yield sys.stdin
+        return
+    try:
+        stream = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise InvalidMessage(f"cannot read {path}: {exc.strerror}") from None
+    with stream:
+        yield stream
+
+
+async def status(settings: Settings, args: argparse.Namespace) -> int:
+    state = await gather_status(settings)
+    if args.json:
+        print(json.dumps(state.to_json(), indent=2))
+    else:
+        print(render_table(state))
+    return 0
+
+
+async def dead_letters(settings: Settings, args: argparse.Namespace) -> int:
+    """``hashq dead-letters list|replay|purge``."""
+    await ensure_topology(settings, check_bindings=False)
+    if args.action == "purge":
+        return await _purge(settings, args.yes)
+    chosen = _selection(args) if args.action == "replay" else None
+    if args.action == "replay" and chosen is None:
+        raise ConfigError("replay needs --id, --key, --reason or --all to say which")
+
+    def decide(letter: dlq.DeadLetter) -> dlq.Decision:
+        if chosen is not None and chosen(letter):
+            return dlq.Decision.REPLAY
+        return dlq.Decision.KEEP
+
+    result = await dlq.walk(settings, decide)
+    if args.action == "list":
+        shown = result.seen[: args.limit] if args.limit else result.seen
+        print(dlq.as_json(shown) if args.json else dlq.render(shown))
+        return 0
+    print(
+        f"replayed {result.replayed:,} of {len(result.seen):,} dead letters to "
+        f"hashq.{settings.app}; the others stay, in their order"
+    )
+    return 0
+
+
+def _selection(args: argparse.Namespace) -> Callable[[dlq.DeadLetter], bool] | None:
+    ids, keys, reasons = set(args.id or []), set(args.key or []), set(args.reason or [])
+    if args.all:
+        return lambda letter: True
+    if not (ids or keys or reasons):
+        return None
+    return lambda letter: letter.message_id in ids or letter.key in keys or letter.reason in reasons
+
+
+async def _purge(settings: Settings, confirmed: bool) -> int:
+    queue = f"hashq.{settings.app}.dead"
+    if not confirmed:
+        print(f"delete every message in {queue}? type 'yes': ", end="", file=sys.stderr, flush=True)
+        if sys.stdin.readline().strip() != "yes":
+            print("nothing deleted", file=sys.stderr)
+            return 1
+    print(f"deleted {await dlq.purge(settings):,} dead letters from {queue}")
+    return 0
+
+
+async def zk_digest(settings: Settings, args: argparse.Namespace) -> int:
+    """Print ``user:digest`` for ``HASHQ_ZK_ACL_COORDINATORS`` or ``HASHQ_ZK_ACL_WORKERS``."""
+    user, colon, password = str(args.credentials).partition(":")
+    if not (user and colon):
+        raise ConfigError("zk-digest needs user:password")
+    print(make_digest_acl_credential(user, password))
+    return 0

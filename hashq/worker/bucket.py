@@ -1,0 +1,283 @@
+"""One granted bucket inside a worker: its channel, the order of its deliveries, its key lanes,
+and the drain that ends it.
+
+A bucket lease goes CONSUMING -> DRAINING -> CLOSED, each state documented by what it allows.
+Deliveries are consumed on a channel of their own, so closing that channel hands every
+unacknowledged message back to the queue, in order, and touches no other bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiormq
+from aio_pika.abc import AbstractConnection
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
+
+from hashq._io.amqp import connection_usable
+from hashq.message import Message
+from hashq.worker.acks import Acker
+from hashq.worker.machine.lease import LeaseCore, LeaseState
+
+log = logging.getLogger(__name__)
+
+ACK_FLUSH_WITHIN = 1.0  # seconds a closing lease waits to send the acknowledgements it owes
+
+
+__all__ = ["BucketLease", "Job", "LeaseState"]
+
+
+@dataclass(eq=False)
+class Job:
+    """One delivery of a bucket on its way through the worker."""
+
+    lease: BucketLease
+    delivery: DeliveredMessage
+    key: str
+    attempt: int = 1
+    first_failure: float | None = None
+    # While its handler runs: the runner task and the message, so that a closing lease can
+    # cut the handler off.
+    handler_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    message: Message | None = field(default=None, repr=False)
+    was_cut_off: bool = False
+
+    @property
+    def tag(self) -> int:
+        return deliver_frame(self.delivery).delivery_tag or 0
+
+    @property
+    def redelivered(self) -> bool:
+        return bool(deliver_frame(self.delivery).redelivered)
+
+    def cut_off(self) -> None:
+        """Stop the running handler: its lease closed (fenced, or the drain timed out)."""
+        if self.handler_task is None:
+            return  # not running, or past its handler (settling)
+        self.was_cut_off = True
+        if self.message is not None:
+            self.message.cancel_event.set()
+        self.handler_task.cancel()
+
+
+def is_consumer_timeout(reason: str) -> bool:
+    """Whether a channel's close reason is RabbitMQ's ``consumer_timeout`` ("delivery
+    acknowledgement on channel N timed out")."""
+    return "acknowledgement" in reason and "timed out" in reason
+
+
+def deliver_frame(delivery: DeliveredMessage) -> spec.Basic.Deliver:
+    frame = delivery.delivery
+    assert isinstance(frame, spec.Basic.Deliver), frame
+    return frame
+
+
+class BucketLease:
+    """The worker's hold on one bucket at one epoch."""
+
+    def __init__(
+        self,
+        bucket: int,
+        epoch: int,
+        queue: str,
+        dispatch: Callable[[Job], None],
+        ack_batch: int = 1,
+        on_closed: Callable[[], None] | None = None,
+    ) -> None:
+        self.bucket = bucket
+        self._on_closed = on_closed  # told when the channel closes, by either side
+        self.epoch = epoch
+        self.queue = queue
+        self._core: LeaseCore[Job] = LeaseCore()
+        self._dispatch = dispatch
+        self._channel: aiormq.abc.AbstractChannel | None = None
+        self._ack_batch = ack_batch
+        self._acker: Acker | None = None
+        self._consumer_tag: str | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self.close_reason = ""  # why the broker closed the channel, if it did
+        self._connection: AbstractConnection | None = None
+        # Whether the broker is known to have closed the channel: it closed it, or answered
+        # our close, on a connection still alive. If the connection died instead, the broker
+        # may hold the channel (and what it delivered) until it notices.
+        self.close_confirmed = True
+
+    @property
+    def state(self) -> LeaseState:
+        return self._core.state
+
+    def __repr__(self) -> str:
+        return f"<bucket {self.bucket} epoch {self.epoch} {self.state.value}>"
+
+    # ------------------------------------------------------------ consuming
+    async def open(self, connection: AbstractConnection, prefetch: int) -> None:
+        self._connection = connection
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        self._channel = await channel.get_underlay_channel()
+        self._channel.closing.add_done_callback(self._note_close)
+        self._acker = Acker(self._channel, self._ack_batch, self.bucket)
+        result = await self._channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
+        self._consumer_tag = result.consumer_tag
+
+    def _note_close(self, closed: asyncio.Future[object]) -> None:
+        if not closed.cancelled() and closed.exception() is not None:
+            self.close_reason = str(closed.exception())
+        if self._on_closed is not None:
+            self._on_closed()
+
+    @property
+    def consumer_timed_out(self) -> bool:
+        """The broker closed the channel because a delivery stayed unacknowledged longer than
+        its ``consumer_timeout``: every message held went back and counts as a delivery."""
+        return is_consumer_timeout(self.close_reason)
+
+    async def _on_delivery(self, delivery: DeliveredMessage) -> None:
+        # Callbacks may run out of order; the core restores the queue's order by delivery tag.
+        frame = deliver_frame(delivery)
+        ready = self._core.deliver(
+            frame.delivery_tag or 0, Job(self, delivery, frame.routing_key or "")
+        )
+        if self._core.held:
+            self._idle.clear()
+        for job in ready:
+            self._dispatch(job)
+
+    def may_start(self, job: Job) -> bool:
+        return job.lease is self and self._core.may_start()
+
+    def started(self, job: Job) -> None:
+        self._core.started(job)
+        self._settled.clear()
+
+    def finished(self, job: Job) -> None:
+        """``job`` was acknowledged or dead-lettered: hand its key's next delivery on."""
+        following = self._core.finished(job)
+        self._note_progress()
+        if following is not None:
+            self._dispatch(following)
+
+    def dropped(self, job: Job) -> None:
+        """``job`` will not finish here (its handler was cut off); it goes back to the queue."""
+        self._core.dropped(job)
+        self._note_progress()
+
+    def _note_progress(self) -> None:
+        if self._core.settled:
+            self._settled.set()
+        if self._core.idle:
+            self._idle.set()
+
+    async def settled(self, within: float | None) -> bool:
+        """Wait (at most ``within`` seconds; None: for as long as it takes) until no handler of
+        this lease runs any more (threads included)."""
+        if self._core.settled:
+            return True
+        try:
+            await asyncio.wait_for(self._settled.wait(), within)
+        except TimeoutError:
+            return False
+        return True
+
+    def ack(self, job: Job) -> bool:
+        """Count ``job`` as done; its acknowledgement goes out with the next batch (see
+        ``hashq.worker.acks``). False if the lease is closed or the channel is gone: the message
+        went back to the queue."""
+        if self.state is LeaseState.CLOSED or self._acker is None or not self.channel_alive:
+            return False
+        self._acker.complete(job.tag)
+        return True
+
+    # ------------------------------------------------------------ ending
+    async def drain(self, within: float) -> bool:
+        """Stop deliveries, finish what was delivered (at most ``within`` seconds), then close.
+        True if everything delivered was finished.
+
+        Finishing the delivered messages, rather than handing them back, matters for quorum
+        queues: every message returned by a closed channel counts toward the delivery limit, so
+        a bucket moved many times would otherwise dead-letter healthy messages.
+        """
+        if self.state is LeaseState.CLOSED:
+            return self._core.idle
+        self._core.drain()
+        await self._cancel_consumer()
+        try:
+            await asyncio.wait_for(self._idle.wait(), within)
+            clean = True
+        except TimeoutError:
+            clean = False
+            log.warning(
+                "bucket %d epoch %d: %d messages not finished within the drain timeout of %gs; "
+                "they go back to the queue",
+                self.bucket,
+                self.epoch,
+                self._core.held,
+                within,
+                extra=self.log_fields,
+            )
+        await self.close()
+        return clean
+
+    async def close(self) -> None:
+        """Close the channel now: unacknowledged messages return to the queue, in order (once
+        the broker closes it: see ``close_confirmed``)."""
+        for job in self._core.close():
+            job.cut_off()
+        self._idle.set()
+        if self._acker is not None:  # what was finished is acknowledged, not done again
+            await self._acker.flush(ACK_FLUSH_WITHIN)
+        channel, self._channel = self._channel, None
+        if channel is None:
+            return
+        confirmed = True  # closed by the broker, if the connection still lives
+        if not channel.is_closed:
+            try:
+                await channel.close()
+            except Exception as exc:
+                log.debug("bucket %d: closing channel: %r", self.bucket, exc)
+                confirmed = False
+        self.close_confirmed = confirmed and connection_usable(self._connection)
+
+    async def _cancel_consumer(self) -> None:
+        if self._channel is None or self._consumer_tag is None:
+            return
+        try:
+            await self._channel.basic_cancel(self._consumer_tag)
+        except Exception as exc:
+            log.debug("bucket %d: cancel: %r", self.bucket, exc)
+
+    @property
+    def log_fields(self) -> dict[str, int]:
+        """For ``extra=``: the JSON log format shows them as fields."""
+        return {"bucket": self.bucket, "epoch": self.epoch}
+
+    @property
+    def running(self) -> int:
+        return self._core.running
+
+    @property
+    def waiting(self) -> int:
+        return self._core.waiting
+
+    @property
+    def channel_alive(self) -> bool:
+        return self._channel is not None and not self._channel.is_closed
+
+    @property
+    def consumer_cancelled(self) -> bool:
+        """The broker cancelled the consumer (``basic.cancel``: the queue was deleted, for
+        instance) while the channel lives on: nothing arrives any more."""
+        consumers = getattr(self._channel, "consumers", None)  # aiormq's, by consumer tag
+        return (
+            self.state is LeaseState.CONSUMING
+            and consumers is not None
+            and self._consumer_tag is not None
+            and self._consumer_tag not in consumers
+        )

@@ -1,0 +1,248 @@
+"""Running handlers: a fixed pool of runner tasks takes ready jobs and, for each, calls the
+handler, then acknowledges, schedules a retry, or dead-letters.
+
+No task per message: ``concurrency`` runners pull from one queue. A retry does not hold a runner
+while it waits; the job comes back to the queue when its delay is over, and its key's lane stays
+blocked meanwhile, so only that key waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from hashq._io.logs import key_for_log
+from hashq.message import Message
+from hashq.worker.bucket import Job
+from hashq.worker.dead_letter import DeadLetters
+from hashq.worker.metrics import WorkerMetrics
+from hashq.worker.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Message], Awaitable[None] | None]
+
+
+class Undecodable(Exception):
+    """Raised when a body does not decode with the chosen codec."""
+
+
+class Runners:
+    """``concurrency`` tasks running jobs from one ready queue."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        concurrency: int,
+        threads: int,
+        policy: RetryPolicy,
+        dead_letters: DeadLetters,
+        codec: str,
+        metrics: WorkerMetrics,
+        awake: Callable[[], bool] = lambda: True,
+        keys_in_clear: bool = False,
+    ) -> None:
+        self._handler = handler
+        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 - async callable objects too
+        )
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hashq-handler")
+        self._policy = policy
+        self._dead_letters = dead_letters
+        self._codec = codec
+        self._awake = awake
+        self._metrics = metrics
+        self._keys_in_clear = keys_in_clear
+        self._debug = log.isEnabledFor(logging.DEBUG)  # once: the check costs on the hot path
+        self._ready: asyncio.Queue[Job] = asyncio.Queue()
+        self._may_start = asyncio.Event()
+        self._may_start.set()
+        self._closing = False
+        self._tasks = [asyncio.ensure_future(self._run()) for _ in range(concurrency)]
+        self.processed = 0
+
+    def dispatch(self, job: Job) -> None:
+        self._ready.put_nowait(job)
+
+    def pause(self) -> None:
+        """Start nothing new (ZooKeeper suspended); running handlers go on."""
+        self._may_start.clear()
+
+    def resume(self) -> None:
+        self._may_start.set()
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        _, stuck = await asyncio.wait(self._tasks, timeout=1.0)
+        for task in stuck:  # a runner waiting for a handler thread that does not return
+            task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ one job
+    async def _run(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        while True:
+            await self._may_start.wait()
+            job = await self._ready.get()
+            if not self._awake():
+                self.pause()  # the process was paused: the worker confirms its session first
+            if not self._may_start.is_set():
+                self._ready.put_nowait(job)  # paused while we waited: leave it for later
+                continue
+            await self._execute(job, me)
+
+    async def _execute(self, job: Job, me: asyncio.Task[None]) -> None:
+        lease = job.lease
+        if not lease.may_start(job):
+            return  # its bucket was closed: the message went back to the queue
+        try:
+            message = self._message(job)
+        except Undecodable as exc:
+            await self._dead_letter(job, "undecodable", exc)
+            return
+        lease.started(job)
+        job.handler_task, job.message = me, message  # a closing lease may cut it off now
+        began = time.perf_counter()
+        try:
+            await self._call(message)
+        except asyncio.CancelledError:
+            if not job.was_cut_off:
+                raise
+            _uncancel()
+            lease.dropped(job)
+            return
+        except Exception as exc:
+            job.handler_task = None
+            self._metrics.handler_seconds.observe(time.perf_counter() - began)
+            await self._failed(job, exc)
+            return
+        job.handler_task = None
+        self._metrics.handler_seconds.observe(time.perf_counter() - began)
+        await self._settle(job)
+
+    async def _call(self, message: Message) -> None:
+        if self._is_async:
+            result = self._handler(message)
+            assert inspect.isawaitable(result)
+            await result
+            return
+        message.cancel_event  # noqa: B018 - made here, in the loop's thread, before the thread starts
+        thread = asyncio.wrap_future(self._pool.submit(self._handler, message))
+        try:
+            await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            await self._until_done(thread)
+            raise
+
+    async def _until_done(self, thread: asyncio.Future[Any]) -> None:
+        """Wait for a handler thread told to stop (through ``message.cancel_event``): a thread
+        cannot be stopped, and its job must stay "running" until it returns, however often the
+        runner is cancelled meanwhile (a lease closed twice), so that its message never starts
+        beside its own redelivery. Only closing the runners (the worker exits) stops the wait."""
+        while not thread.done():
+            try:
+                await asyncio.wait({thread})
+            except asyncio.CancelledError:
+                if self._closing:
+                    raise
+                _uncancel()
+
+    def _message(self, job: Job) -> Message:
+        delivery = job.delivery
+        properties = delivery.header.properties
+        data: Any = None
+        if self._codec == "json":
+            try:
+                data = json.loads(delivery.body)
+            except ValueError as exc:
+                raise Undecodable(f"body is not JSON: {exc}") from None
+        return Message(
+            key=job.key,
+            body=delivery.body,
+            headers=dict(properties.headers or {}),
+            message_id=properties.message_id,
+            bucket=job.lease.bucket,
+            epoch=job.lease.epoch,
+            redelivered=job.redelivered,
+            attempt=job.attempt,
+            data=data,
+        )
+
+    # ------------------------------------------------------------ outcomes
+    async def _settle(self, job: Job) -> None:
+        if job.lease.ack(job):
+            self.processed += 1
+            self._metrics.processed[job.lease.bucket] += 1
+            if self._debug:
+                log.debug(
+                    "bucket %d epoch %d: message %s of key %s done",
+                    job.lease.bucket,
+                    job.lease.epoch,
+                    job.delivery.header.properties.message_id,
+                    key_for_log(job.key, self._keys_in_clear),
+                    extra=job.lease.log_fields,
+                )
+            job.lease.finished(job)
+        else:
+            job.lease.dropped(job)
+
+    async def _failed(self, job: Job, error: Exception) -> None:
+        self._metrics.failed[job.lease.bucket] += 1
+        job.first_failure = job.first_failure or time.time()
+        delay = self._policy.next_delay(job.attempt)
+        log.warning(
+            "bucket %d epoch %d: handler failed (attempt %d): %s: %s",
+            job.lease.bucket,
+            job.lease.epoch,
+            job.attempt,
+            type(error).__name__,
+            error,
+            extra=job.lease.log_fields,
+        )
+        if delay is None:
+            await self._dead_letter(job, "handler-failed", error)
+            return
+        job.attempt += 1
+        self._metrics.retried[job.lease.bucket] += 1
+        self._retry_later(job, delay)
+
+    def _retry_later(self, job: Job, delay: float) -> None:
+        def again() -> None:
+            if job.lease.may_start(job):
+                self.dispatch(job)
+
+        asyncio.get_running_loop().call_later(delay, again)
+
+    async def _dead_letter(self, job: Job, reason: str, error: BaseException | None) -> None:
+        try:
+            await self._dead_letters.publish(job, reason, error)
+        except Exception as exc:
+            log.warning("bucket %d: dead-lettering failed (%r); retrying", job.lease.bucket, exc)
+            self._retry_later(job, self._policy.base_delay)
+            return
+        self._metrics.dead_lettered[job.lease.bucket, reason] += 1
+        log.error(
+            "bucket %d epoch %d: message %s dead-lettered (%s)",
+            job.lease.bucket,
+            job.lease.epoch,
+            job.delivery.header.properties.message_id,
+            reason,
+            extra=job.lease.log_fields,
+        )
+        await self._settle(job)
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()

@@ -1,0 +1,234 @@
+"""The worker's ZooKeeper side: its registration, the watch on its assignment, the releases
+it writes and the questions it asks about its session. I/O only: what the answers mean is
+decided by ``hashq.worker.machine.core.WorkerMachine``.
+
+kazoo calls back on its own threads. Every callback crosses into asyncio with
+``call_soon_threadsafe`` and becomes an event for the worker's loop (``post``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+)
+from kazoo.recipe.watchers import DataWatch
+
+from hashq._io.zk import close_zk, connect_zk
+from hashq.errors import ConfigError, HashqError, ServiceUnavailable
+from hashq.records import Assignment, Paths, Registration, Release
+from hashq.settings import Settings
+from hashq.worker.machine.events import AssignmentRead, Event, Session, SessionChanged
+
+log = logging.getLogger(__name__)
+
+
+__all__ = ["Membership", "RegistrationGone", "Session"]
+
+
+class RegistrationGone(HashqError):
+    """The registration is no longer this incarnation's (the session expired)."""
+
+
+class Membership:
+    """Registration and assignment of one worker id; posts what happens to ``post``."""
+
+    def __init__(
+        self, settings: Settings, worker_id: str, capacity: int, post: Callable[[Event], None]
+    ) -> None:
+        self._settings = settings
+        self._paths = Paths(settings.app)
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.incarnation = ""
+        self._registration: Registration | None = None
+        self._post = post
+        self._loop = asyncio.get_running_loop()
+        self._zk: KazooClient | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        zk = await asyncio.to_thread(connect_zk, self._settings, "worker")
+        zk.add_listener(self._on_state)
+        DataWatch(zk, self._paths.assignment(self.worker_id), self._on_assignment)
+        self._zk = zk
+
+    @staticmethod
+    def new_incarnation() -> str:
+        return uuid.uuid4().hex[:8]
+
+    async def register(self, incarnation: str, connection_name: str, drain_timeout: float) -> None:
+        """Create the ephemeral registration of a new incarnation."""
+        registration = Registration(
+            worker_id=self.worker_id,
+            incarnation=incarnation,
+            capacity=self.capacity,
+            connection=connection_name,
+            host=_hostname(),
+            pid=_pid(),
+            drain_timeout=drain_timeout,
+            session_timeout=self._settings.zk_session_timeout,
+        )
+        await asyncio.to_thread(self._create_registration, registration)
+        self.incarnation = incarnation
+        self._registration = registration
+        log.info("worker %s registered (incarnation %s)", self.worker_id, self.incarnation)
+
+    def _create_registration(self, registration: Registration) -> None:
+        assert self._zk is not None
+        path = self._paths.worker(self.worker_id)
+        deadline = time.monotonic() + 3 * self._settings.zk_session_timeout
+        while True:
+            try:
+                self._zk.create(path, registration.encode(), ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                if self._owned_by_us(path):
+                    self._zk.set(path, registration.encode())
+                    return
+                if time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"worker id {self.worker_id!r} is registered by another live process"
+                    ) from None
+                log.info("waiting for an earlier registration of %s to expire", self.worker_id)
+                time.sleep(1)
+
+    async def announce(self, connection_name: str) -> AssignmentRead:
+        """Name a new AMQP connection of this incarnation in its registration, then read the
+        assignment afresh (returned). Nothing may be consumed on the connection before both: a
+        fence of this incarnation then waits until the management API can list the
+        connection, and the grants consumed on it are at least as new as the announcement.
+
+        Raises ``RegistrationGone`` if the registration is no longer ours."""
+        assert self._registration is not None
+        announced = replace(self._registration, connection=connection_name)
+        await asyncio.to_thread(self._replace_registration, announced)
+        self._registration = announced
+        data, stat = await asyncio.to_thread(self._read_assignment)
+        return self._assignment_read(data, stat)
+
+    def _replace_registration(self, registration: Registration) -> None:
+        assert self._zk is not None
+        path = self._paths.worker(self.worker_id)
+        try:
+            data, stat = self._zk.get(path)
+            if stat.ephemeralOwner != self._zk.client_id[0]:
+                raise RegistrationGone(f"worker {self.worker_id}: registration of another session")
+            if Registration.decode(data).incarnation != registration.incarnation:
+                raise RegistrationGone(f"worker {self.worker_id}: registration of another life")
+            self._zk.set(path, registration.encode(), version=stat.version)
+        except (NoNodeError, SessionExpiredError, BadVersionError):
+            raise RegistrationGone(f"worker {self.worker_id}: registration gone") from None
+
+    def _read_assignment(self) -> tuple[bytes | None, Any]:
+        assert self._zk is not None
+        try:
+            return self._zk.get(self._paths.assignment(self.worker_id))  # type: ignore[no-any-return]
+        except NoNodeError:
+            return None, None
+
+    def _owned_by_us(self, path: str) -> bool:
+        assert self._zk is not None
+        try:
+            _, stat = self._zk.get(path)
+        except NoNodeError:
+            return False
+        return bool(stat.ephemeralOwner == self._zk.client_id[0])
+
+    async def deregister(self) -> None:
+        """Delete this incarnation's registration (its grants end with it)."""
+        self.incarnation, self._registration = "", None
+        if self._zk is None:
+            return
+        try:
+            await asyncio.to_thread(self._zk.delete, self._paths.worker(self.worker_id))
+        except Exception as exc:
+            log.debug("deregistering: %r", exc)
+
+    async def close(self) -> None:
+        if self._zk is not None:
+            zk, self._zk = self._zk, None
+            await asyncio.to_thread(close_zk, zk)
+
+    async def probe(self, within: float = 5.0) -> Session:
+        """Whether the registration (hence the session) is still this incarnation's:
+        SUSPENDED when ZooKeeper does not answer within ``within`` seconds."""
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._probe), within)
+        except TimeoutError:
+            return Session.SUSPENDED
+
+    def _probe(self) -> Session:
+        if self._zk is None or not self._zk.connected:
+            return Session.SUSPENDED
+        try:
+            data, stat = self._zk.get(self._paths.worker(self.worker_id))
+        except NoNodeError:
+            return Session.LOST
+        except SessionExpiredError:
+            return Session.LOST
+        except KazooException:
+            return Session.SUSPENDED
+        ours = stat.ephemeralOwner == self._zk.client_id[0]
+        current = Registration.decode(data).incarnation == self.incarnation
+        return Session.CONNECTED if ours and current else Session.LOST
+
+    async def write_release(self, bucket: int, epoch: int, incarnation: str) -> None:
+        """Record that ``incarnation`` holds nothing of ``bucket`` at ``epoch`` any more
+        (once: the caller decides whether to try again)."""
+        release = Release(self.worker_id, incarnation, bucket, epoch)
+        await asyncio.to_thread(self._create, self._paths.release(bucket, epoch), release)
+        log.info("bucket %d epoch %d released by %s", bucket, epoch, self.worker_id)
+
+    def _create(self, path: str, release: Release) -> None:
+        if self._zk is None:
+            raise ServiceUnavailable("ZooKeeper client closed")
+        # Already there if written before: a release is written once per bucket and epoch.
+        with contextlib.suppress(NodeExistsError):
+            self._zk.create(path, release.encode(), makepath=True)
+
+    # ------------------------------------------------------------ kazoo threads -> loop
+    def _on_state(self, state: str) -> None:
+        session = {
+            KazooState.CONNECTED: Session.CONNECTED,
+            KazooState.SUSPENDED: Session.SUSPENDED,
+            KazooState.LOST: Session.LOST,
+        }[state]
+        self._loop.call_soon_threadsafe(self._post, SessionChanged(session))
+
+    def _on_assignment(self, data: bytes | None, stat: Any) -> None:
+        self._loop.call_soon_threadsafe(self._post, self._assignment_read(data, stat))
+
+    def _assignment_read(self, data: bytes | None, stat: Any) -> AssignmentRead:
+        assignment = None
+        if data:
+            try:
+                assignment = Assignment.decode(data)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("unreadable assignment for %s: %r", self.worker_id, exc)
+        return AssignmentRead(-1 if stat is None else int(stat.mzxid), assignment)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,1 @@
+"""Whole runs: the demo, the chaos run, the benchmarks, the three-node cluster."""

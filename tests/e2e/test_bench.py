@@ -1,0 +1,45 @@
+"""``python -m tools.bench.run --quick --json`` against the real servers: one JSON object on
+stdout with every summary figure, measured (not asserted fast: speed is the benchmark's to
+report)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hashq.settings import Settings
+from tests.support.helpers import child_environment
+
+SUMMARY = {
+    "raw_msgs_per_s",
+    "hashq_msgs_per_s",
+    "ratio",
+    "handover_pause_ms_max",
+    "unmoved_throughput_ratio",
+    "failover_s",
+}
+
+
+def test_quick_bench_prints_one_json_object_with_every_figure(
+    settings: Settings, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.bench.run", "--quick", "--json", "--out", str(tmp_path)],
+        env=child_environment(settings, HASHQ_BUCKETS="16"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)  # nothing else on stdout
+    assert set(summary) >= SUMMARY, summary
+    assert summary["raw_msgs_per_s"] > 0 and summary["hashq_msgs_per_s"] > 0, summary
+    assert summary["ratio"] == round(summary["hashq_msgs_per_s"] / summary["raw_msgs_per_s"], 3)
+    assert summary["handover_pause_ms_max"] is not None, done.stderr[-3000:]
+    assert summary["failover_s"] is not None, done.stderr[-3000:]
+    full = json.loads((tmp_path / "bench.json").read_text())
+    assert full["failover"][0]["recovered"] == full["failover"][0]["buckets"] > 0, full
+    assert full["handover"]["moved_buckets"] > 0, full
+    assert (tmp_path / "bench.png").stat().st_size > 10_000

@@ -1,0 +1,1 @@
+"""Tests against real RabbitMQ and ZooKeeper, started by tools/services.sh."""

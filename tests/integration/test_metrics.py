@@ -1,0 +1,141 @@
+"""Metrics and health endpoints, scraped over HTTP from real worker and coordinator processes
+against the real servers: the counts must match what was published and what failed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from hashq._io.health import HealthServer
+from hashq.publisher import Outgoing, Publisher
+from hashq.settings import Settings
+from tests.support.helpers import eventually
+from tests.support.workers import WorkerProcess, start_coordinator, wait_for_executions
+
+Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except urllib.error.URLError as exc:  # not listening yet
+        return 0, str(exc.reason)
+
+
+def scrape(port: int) -> Scrape:
+    status, text = get(port, "/metrics")
+    if status != 200:
+        return {}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(samples: Scrape, name: str, **labels: str) -> float:
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
+
+
+@pytest.fixture
+def processes(initialized: Settings, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+async def test_worker_and_coordinator_report_what_happened(
+    initialized: Settings, tmp_path: Path, processes: list[WorkerProcess]
+) -> None:
+    coordinator_port, worker_port = free_port(), free_port()
+    processes.append(
+        start_coordinator(
+            initialized, "c1", tmp_path, {"HASHQ_METRICS_PORT": str(coordinator_port)}
+        )
+    )
+    record = tmp_path / "executions.jsonl"
+    worker_env = {
+        "HASHQ_METRICS_PORT": str(worker_port),
+        "HASHQ_MAX_ATTEMPTS": "2",
+        "HASHQ_RETRY_BASE_DELAY": "0.1",
+    }
+    processes.append(
+        WorkerProcess(
+            initialized, "w1", "tests.support.handlers:poison", record, tmp_path, worker_env
+        )
+    )
+    await eventually(lambda: get(worker_port, "/readyz")[0] == 200)
+    await eventually(lambda: total(scrape(worker_port), "hashq_grants_held") == initialized.buckets)
+
+    good = [Outgoing(f"k{n % 40}", json.dumps({"seq": n // 40}).encode()) for n in range(400)]
+    bad = [Outgoing("bad", json.dumps({"seq": 0, "poison": True}).encode())]
+    async with Publisher(initialized) as publisher:
+        await publisher.publish_many([*good, *bad])
+    report = await asyncio.to_thread(
+        wait_for_executions, record, {f"k{n}": 10 for n in range(40)}, 60
+    )
+    assert report.missing == []
+    await eventually(lambda: total(scrape(worker_port), "hashq_messages_dead_lettered_total") == 1)
+
+    worker = scrape(worker_port)
+    assert total(worker, "hashq_messages_processed_total") == 401  # a dead letter is settled too
+    assert total(worker, "hashq_messages_failed_total") == 2  # both attempts of the poison one
+    assert total(worker, "hashq_messages_retried_total") == 1
+    assert total(worker, "hashq_messages_dead_lettered_total", reason="handler-failed") == 1
+    assert total(worker, "hashq_handler_seconds_count") == 402
+    assert total(worker, "hashq_messages_in_flight") == 0
+    assert total(worker, "hashq_zookeeper_connected") == 1
+    assert total(worker, "hashq_worker_state", state="running") == 1
+    assert get(worker_port, "/livez")[0] == 200
+
+    await eventually(lambda: total(scrape(coordinator_port), "hashq_dead_letter_messages") == 1)
+    leader = scrape(coordinator_port)
+    assert total(leader, "hashq_coordinator_leader") == 1
+    assert total(leader, "hashq_workers") == 1
+    assert total(leader, "hashq_bucket_grants_total") == initialized.buckets
+    assert total(leader, "hashq_bucket_queue_messages") == 0
+    assert {labels for (name, labels) in leader if name == "hashq_bucket_queue_messages"} == {
+        (("bucket", str(b)),) for b in range(initialized.buckets)
+    }
+    assert get(coordinator_port, "/readyz") == (200, "coordinator c1: leader\n")
+
+
+async def test_readiness_answers_503_with_its_reason_and_unknown_paths_404() -> None:
+    state = {"ready": False}
+    server = HealthServer(
+        CollectorRegistry(),
+        lambda: (state["ready"], "granted buckets [3] not consumed yet"),
+        "127.0.0.1",
+        0,
+    )
+    await server.start()
+    try:
+        assert await asyncio.to_thread(get, server.port, "/readyz") == (
+            503,
+            "granted buckets [3] not consumed yet\n",
+        )
+        state["ready"] = True
+        assert (await asyncio.to_thread(get, server.port, "/readyz"))[0] == 200
+        assert (await asyncio.to_thread(get, server.port, "/nope"))[0] == 404
+    finally:
+        await server.close()

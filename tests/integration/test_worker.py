@@ -1,0 +1,425 @@
+"""hashq-worker against real RabbitMQ and ZooKeeper, as real processes; grants are written to
+ZooKeeper by the test the way the coordinator writes them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from hashq._io.management import Management
+from hashq.provision import ensure_topology
+from hashq.publisher import Outgoing, Publisher
+from hashq.records import incarnation_connections
+from hashq.settings import Settings, WorkerSettings
+from tests.support.grants import Grants
+from tests.support.helpers import (
+    close_connection_named,
+    drain,
+    eventually,
+    queue_depths,
+    wait_for_connection,
+)
+from tests.support.workers import (
+    StartWorker,
+    WorkerProcess,
+    check,
+    read_records,
+    wait_for_executions,
+)
+
+DEFAULT_PREFETCH = WorkerSettings.model_fields["prefetch"].default
+
+
+def workload(keys: int, per_key: int, seed: int = 7) -> tuple[list[Outgoing], dict[str, int]]:
+    """Messages of ``keys`` keys, each numbered 0..per_key-1, interleaved at random."""
+    rng = random.Random(seed)
+    order = [key for key in range(keys) for _ in range(per_key)]
+    rng.shuffle(order)
+    counters = [0] * keys
+    messages = []
+    for key in order:
+        body = json.dumps({"seq": counters[key]}).encode()
+        messages.append(Outgoing(f"k{key:05d}", body))
+        counters[key] += 1
+    return messages, {f"k{key:05d}": per_key for key in range(keys)}
+
+
+async def publish(settings: Settings, messages: list[Outgoing]) -> None:
+    async with Publisher(settings) as publisher:
+        await publisher.publish_many(messages)
+
+
+def split(buckets: int, epoch: int = 1) -> tuple[dict[int, int], dict[int, int]]:
+    half = buckets // 2
+    return (
+        dict.fromkeys(range(half), epoch),
+        dict.fromkeys(range(half, buckets), epoch),
+    )
+
+
+async def test_keys_in_order_never_overlapping_over_two_workers(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker("w1")
+    start_worker("w2", HASHQ_CONCURRENCY="16")
+    first, second = grants.wait_for_workers(2)
+    left, right = split(initialized.buckets)
+    grants.assign(first, left)
+    grants.assign(second, right)
+    messages, expected = workload(keys=1_000, per_key=20)
+    await publish(initialized, messages)
+
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert report.missing == []
+    assert report.skipped_ahead == []
+    assert report.overlaps == []
+    assert report.repeats == []
+    workers_seen = {r["worker"] for r in report_records(record)}
+    assert workers_seen == {"w1", "w2"}
+
+
+def report_records(path: Path) -> list[dict[str, Any]]:
+    return read_records(path)
+
+
+async def test_plain_function_handler_keeps_order(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker("w1", "tests.support.handlers:record_sync")
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    messages, expected = workload(keys=100, per_key=10)
+    await publish(initialized, messages)
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+
+
+async def test_kill_9_mid_run_then_buckets_go_to_the_other_worker(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    doomed = start_worker("w1", HASHQ_TEST_DELAY_MS="8")
+    start_worker("w2")
+    registrations = {r.worker_id: r for r in grants.wait_for_workers(2)}
+    left, right = split(initialized.buckets)
+    grants.assign(registrations["w1"], left)
+    grants.assign(registrations["w2"], right)
+    messages, expected = workload(keys=400, per_key=20)
+    await publish(initialized, messages)
+
+    await eventually(lambda: sum(r["worker"] == "w1" for r in report_records(record)) > 1500)
+    doomed.kill()
+    # The coordinator would now fence w1 and grant its buckets at the next epoch.
+    grants.assign(registrations["w2"], {**right, **dict.fromkeys(left, 2)})
+
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert report.missing == []
+    assert report.skipped_ahead == []
+    assert report.overlaps == []
+    for repeat in report.repeats:  # only redeliveries of what w1 held when it died
+        assert repeat["worker"] == "w2" and repeat["redelivered"] and repeat["epoch"] == 2
+        assert repeat["bucket"] in left
+    assert len(report.repeats) <= len(left) * DEFAULT_PREFETCH
+
+
+async def test_poison_message_is_dead_lettered_while_other_keys_flow(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker(
+        "w1",
+        "tests.support.handlers:poison",
+        HASHQ_MAX_ATTEMPTS="3",
+        HASHQ_RETRY_BASE_DELAY="0.4",
+        HASHQ_RETRY_MAX_DELAY="1",
+    )
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    bad = [Outgoing("bad", json.dumps({"seq": n, "poison": n == 2}).encode()) for n in range(6)]
+    others, expected = workload(keys=200, per_key=10)
+    await publish(initialized, bad[:3])
+    await publish(initialized, others + bad[3:])
+
+    expected["bad"] = 6
+    report = await asyncio.to_thread(wait_for_executions, record, {**expected, "bad": 2}, 60)
+    await eventually(lambda: _ok_seqs(record, "bad") == [0, 1, 3, 4, 5])
+    report = check(record, {key: n for key, n in expected.items() if key != "bad"})
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+
+    failures = [r for r in report_records(record) if r["outcome"] == "failed"]
+    assert [f["attempt"] for f in failures] == [1, 2, 3]
+    first, last = failures[0]["start"], failures[-1]["start"]
+    flowing = [r for r in report_records(record) if r["key"] != "bad" and first < r["start"] < last]
+    assert flowing, "other keys waited for the poison message"
+    bad_after = [r for r in report_records(record) if r["key"] == "bad" and r["seq"] > 2]
+    assert min(r["start"] for r in bad_after) > last, "the key went on before its dead letter"
+
+    (dead,) = await drain(initialized, "hashq.t.dead")
+    assert json.loads(dead.body) == {"seq": 2, "poison": True}
+    assert dead.routing_key == "bad"
+    headers = dead.headers
+    assert headers["x-hashq-reason"] == "handler-failed"
+    assert headers["x-hashq-attempts"] == 3
+    assert headers["x-hashq-error-type"] == "ValueError"
+    assert "poison message bad/2" in str(headers["x-hashq-error"])
+    assert "ValueError" in str(headers["x-hashq-traceback"])
+    assert headers["x-hashq-key"] == "bad"
+    assert "x-hashq-first-failure" in headers and "x-hashq-last-failure" in headers
+
+
+def _ok_seqs(path: Path, key: str) -> list[int]:
+    records = [r for r in report_records(path) if r["key"] == key and r["outcome"] == "ok"]
+    return [int(r["seq"]) for r in sorted(records, key=lambda r: r["start"])]
+
+
+async def test_undecodable_body_is_dead_lettered_with_its_reason(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker("w1", HASHQ_CODEC="json")
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    await publish(
+        initialized,
+        [
+            Outgoing("k", b'{"seq": 0}'),
+            Outgoing("k", b"not json at all"),
+            Outgoing("k", b'{"seq": 1}'),
+        ],
+    )
+    report = await asyncio.to_thread(wait_for_executions, record, {"k": 2}, 30)
+    assert (report.missing, report.skipped_ahead) == ([], [])
+    deadline = time.monotonic() + 30
+    while await _depth(initialized, "hashq.t.dead") < 1:
+        assert time.monotonic() < deadline, "nothing dead-lettered"
+        await asyncio.sleep(0.1)
+    (dead,) = await drain(initialized, "hashq.t.dead")
+    assert dead.body == b"not json at all"
+    assert dead.headers["x-hashq-reason"] == "undecodable"
+    assert "not JSON" in str(dead.headers["x-hashq-error"])
+
+
+async def _depth(settings: Settings, queue: str) -> int:
+    return (await queue_depths(settings))[queue]
+
+
+async def test_revoke_under_load_releases_after_the_last_ack(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    start_worker("w1", HASHQ_TEST_DELAY_MS="20")
+    start_worker("w2", HASHQ_TEST_DELAY_MS="20")
+    registrations = {r.worker_id: r for r in grants.wait_for_workers(2)}
+    everything = dict.fromkeys(range(initialized.buckets), 1)
+    messages, expected = workload(keys=300, per_key=20)
+    # Everything is queued before w1 starts: granted while the publisher still ran, w1 (32
+    # handlers of 20 ms, 1,600 a second) could finish all 6,000 before the revoke (CI, stop 25).
+    await publish(initialized, messages)
+    grants.assign(registrations["w1"], everything)
+    await eventually(lambda: len(report_records(record)) > 1000)
+
+    grants.assign(registrations["w1"], {})
+    releases = [
+        await asyncio.to_thread(grants.wait_for_release, bucket, 1) for bucket in everything
+    ]
+    released_at = {
+        release.bucket: grants.zk.get(grants.paths.release(release.bucket, 1))[1].mtime / 1000
+        for release in releases
+    }
+    grants.assign(registrations["w2"], dict.fromkeys(everything, 2))
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert report.repeats == [], "the next owner did not start exactly where the old one stopped"
+    by_w1 = [r for r in report_records(record) if r["worker"] == "w1"]
+    for run in by_w1:
+        assert run["end"] <= released_at[run["bucket"]] + 0.002
+    assert {r["worker"] for r in report_records(record)} == {"w1", "w2"}
+
+
+async def test_sigterm_drains_releases_and_exits_0(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    first = start_worker("w1", HASHQ_TEST_DELAY_MS="10")
+    (registration,) = grants.wait_for_workers(1)
+    everything = dict.fromkeys(range(initialized.buckets), 1)
+    grants.assign(registration, everything)
+    messages, expected = workload(keys=300, per_key=10)
+    await publish(initialized, messages)
+    await eventually(lambda: len(report_records(record)) > 500)
+
+    first.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(first.wait, 60) == 0, first.output()
+    for bucket in everything:
+        assert grants.release(bucket, 1) is not None
+    assert "w1" not in grants.workers()
+
+    start_worker("w2")
+    second = grants.wait_for_worker("w2")
+    grants.assign(second, dict.fromkeys(everything, 2))
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert report.repeats == []
+
+
+async def test_bucket_moved_more_often_than_the_delivery_limit_loses_nothing(
+    settings: Settings, record: Path, tmp_path: Path
+) -> None:
+    """Every message a closed channel hands back counts toward a quorum queue's delivery limit;
+    the drain finishes what was delivered, so moves do not push healthy messages over it."""
+    strict = settings.model_copy(update={"buckets": 1, "delivery_limit": 2})
+    await ensure_topology(strict)
+    writer = Grants(strict.zk_hosts, strict.app)
+    # Few keys and a deep prefetch: each owner holds many delivered, unstarted messages.
+    slow = {"HASHQ_TEST_DELAY_MS": "40", "HASHQ_PREFETCH": "200"}
+    workers = [
+        WorkerProcess(strict, name, "tests.support.handlers:record", record, tmp_path, slow)
+        for name in ("w1", "w2")
+    ]
+    try:
+        registrations = {r.worker_id: r for r in writer.wait_for_workers(2)}
+        messages, expected = workload(keys=5, per_key=400)
+        await publish(strict, messages)
+        for epoch in range(1, 9):
+            owner = registrations["w1" if epoch % 2 else "w2"]
+            writer.assign(owner, {0: epoch})
+            await asyncio.sleep(0.4)
+            writer.assign(owner, {})
+            await asyncio.to_thread(writer.wait_for_release, 0, epoch)
+        writer.assign(registrations["w1"], {0: 9})
+        report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+        assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+        assert (await queue_depths(strict))["hashq.t.dead"] == 0
+        epochs = {r["epoch"] for r in report_records(record)}
+        assert len(epochs) >= 6, f"the bucket did not really move: epochs {epochs}"
+    finally:
+        for worker in workers:
+            worker.stop()
+        writer.close()
+
+
+async def test_without_a_coordinator_the_worker_says_it_waits(
+    grants: Grants, start_worker: StartWorker
+) -> None:
+    worker = start_worker("w1")
+    grants.wait_for_workers(1)
+    await eventually(lambda: "waits for an assignment" in worker.output(), within=20)
+
+
+async def test_paused_worker_whose_session_expired_fences_itself(
+    initialized: Settings,
+    grants: Grants,
+    start_worker: StartWorker,
+    record: Path,
+    management: Management,
+) -> None:
+    worker = start_worker("w1", HASHQ_ZK_SESSION_TIMEOUT="2", HASHQ_TEST_DELAY_MS="20")
+    (before,) = grants.wait_for_workers(1)
+    grants.assign(before, dict.fromkeys(range(initialized.buckets), 1))
+    messages, expected = workload(keys=100, per_key=40)
+    await publish(initialized, messages)
+    await eventually(lambda: len(report_records(record)) > 300)
+
+    stopped_at = worker.stop_process()
+    await asyncio.sleep(6)  # three session timeouts: ZooKeeper expires the session
+    worker.signal(signal.SIGCONT)
+    after = await asyncio.to_thread(_new_incarnation, grants, before.incarnation)
+    # It cut itself off: its old incarnation's connection is gone from the broker.
+    old = incarnation_connections("w1", before.incarnation)
+    await eventually(lambda: not _listed(management, old), within=30)
+
+    late = [r for r in report_records(record) if r["start"] > stopped_at]
+    assert late == [], f"{len(late)} messages started under a grant of a lost session"
+
+    grants.assign(after, dict.fromkeys(range(initialized.buckets), 2))
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert all(r["epoch"] == 2 for r in report.repeats)
+
+
+def _listed(management: Management, pattern: re.Pattern[str]) -> list[str]:
+    names = [c.get("user_provided_name") or "" for c in management.connections()]
+    return [name for name in names if pattern.fullmatch(name)]
+
+
+def _new_incarnation(grants: Grants, old: str, within: float = 30) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        current = grants.workers().get("w1")
+        if current is not None and current.incarnation != old:
+            return current
+        time.sleep(0.1)
+    raise AssertionError("the worker did not register again after losing its session")
+
+
+async def test_forced_close_reconnects_only_what_is_still_granted(
+    initialized: Settings,
+    grants: Grants,
+    start_worker: StartWorker,
+    record: Path,
+    management: Management,
+) -> None:
+    start_worker("w1", HASHQ_TEST_DELAY_MS="10")
+    (registration,) = grants.wait_for_workers(1)
+    kept = {b: 1 for b in range(initialized.buckets) if b != 0}
+    grants.assign(registration, {**kept, 0: 1})
+    messages, expected = workload(keys=200, per_key=20)
+    await publish(initialized, messages)
+    await wait_for_connection(management, registration.connection)
+    await eventually(lambda: len(report_records(record)) > 500)
+
+    # While the connection is down, bucket 0 is taken away: it must not come back with it.
+    grants.assign(registration, kept)
+    await close_connection_named(management, registration.connection)
+    # The new connection is announced before anything is consumed on it.
+    await eventually(lambda: _announced(grants) != registration.connection, within=30)
+    _, stat = grants.zk.get(grants.paths.worker("w1"))
+    announced_at = stat.mtime / 1000
+
+    bucket_zero_keys = await _keys_of_bucket(initialized, 0, record)
+    rest = {key: n for key, n in expected.items() if key not in bucket_zero_keys}
+    report = await asyncio.to_thread(wait_for_executions, record, rest, 120)
+    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert all(r["redelivered"] and r["epoch"] == 1 for r in report.repeats)
+    resumed = [r for r in report_records(record) if r["bucket"] == 0 and r["start"] > announced_at]
+    assert resumed == [], "bucket 0 was consumed again after the reconnect without a grant"
+
+
+async def _keys_of_bucket(settings: Settings, bucket: int, records: Path) -> set[str]:
+    """Keys of ``bucket``: those executed from it, and those still queued in it."""
+    seen = {str(r["key"]) for r in report_records(records) if r["bucket"] == bucket}
+    for message in await drain(settings, f"hashq.t.b{bucket:04d}"):
+        seen.add(str(message.routing_key))
+    return seen
+
+
+def _announced(grants: Grants) -> str:
+    current = grants.workers().get("w1")
+    return current.connection if current is not None else ""
+
+
+async def test_second_signal_exits_at_once_and_loses_nothing(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    slow = start_worker("w1", HASHQ_TEST_DELAY_MS="3000", HASHQ_DRAIN_TIMEOUT="60")
+    (first,) = grants.wait_for_workers(1)
+    everything = dict.fromkeys(range(initialized.buckets), 1)
+    grants.assign(first, everything)
+    messages, expected = workload(keys=50, per_key=4)
+    await publish(initialized, messages)
+    await asyncio.sleep(1.0)  # handlers are running, each for up to 3 s
+
+    slow.signal(signal.SIGTERM)
+    await asyncio.sleep(0.3)
+    slow.signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert await asyncio.to_thread(slow.wait, 10) == 130
+    assert time.monotonic() - started < 5
+
+    start_worker("w2")
+    second = grants.wait_for_worker("w2")
+    grants.assign(second, dict.fromkeys(everything, 2))
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.missing, report.skipped_ahead) == ([], [])

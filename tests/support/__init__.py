@@ -1,0 +1,1 @@
+"""What the tests share: fixtures' helpers, test handlers, the servers, the grants view."""

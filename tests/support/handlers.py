@@ -1,0 +1,67 @@
+"""Handlers the worker tests run in real worker processes. Each execution is appended, one JSON
+line, to the file named by HASHQ_TEST_RECORD (``tools.executions.append_record``: one os.write on
+an O_APPEND descriptor, so lines from several processes never interleave and survive a kill -9)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+
+from hashq.message import Message
+from tools.executions import append_record
+
+
+def _record(msg: Message, start: float, outcome: str) -> None:
+    append_record(
+        "HASHQ_TEST_RECORD",
+        {
+            "key": msg.key,
+            "seq": json.loads(msg.body)["seq"],
+            "worker": os.environ.get("HASHQ_WORKER_ID", str(os.getpid())),
+            "pid": os.getpid(),
+            "bucket": msg.bucket,
+            "epoch": msg.epoch,
+            "attempt": msg.attempt,
+            "redelivered": msg.redelivered,
+            "start": start,
+            "end": time.time(),
+            "outcome": outcome,
+        },
+    )
+
+
+async def record(msg: Message) -> None:
+    """Sleep 0-4 ms (more if HASHQ_TEST_DELAY_MS says so), then record the execution."""
+    start = time.time()
+    ceiling = float(os.environ.get("HASHQ_TEST_DELAY_MS", "4")) / 1000
+    await asyncio.sleep(random.uniform(0, ceiling))
+    _record(msg, start, "ok")
+
+
+async def poison(msg: Message) -> None:
+    """Like ``record``, but a body with "poison": true always fails."""
+    start = time.time()
+    if json.loads(msg.body).get("poison"):
+        _record(msg, start, "failed")
+        raise ValueError(f"poison message {msg.key}/{json.loads(msg.body)['seq']}")
+    await asyncio.sleep(random.uniform(0, 0.002))
+    _record(msg, start, "ok")
+
+
+def record_sync(msg: Message) -> None:
+    """A plain function, run in the worker's thread pool."""
+    start = time.time()
+    time.sleep(random.uniform(0, 0.004))
+    _record(msg, start, "ok")
+
+
+def slow_sync(msg: Message) -> None:
+    """A plain function that takes HASHQ_TEST_SLOW_SECONDS on a first delivery whose body says
+    "slow", and ignores the worker's request to stop (``msg.cancel_event``), as a thread may."""
+    start = time.time()
+    if json.loads(msg.body).get("slow") and not msg.redelivered:
+        time.sleep(float(os.environ.get("HASHQ_TEST_SLOW_SECONDS", "3")))
+    _record(msg, start, "ok")

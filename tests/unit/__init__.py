@@ -1,0 +1,1 @@
+"""Tests that need no server: the pure cores, the checker, the simulator."""

@@ -1,0 +1,177 @@
+"""The coordinator's handover step, simulated without servers: random joins, deaths, releases
+and fences; the safety rules must hold at every step and the plan must be reached."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hashq.records import BucketRecord, Registration
+from hashq_coordinator.handover import View, assignments, committed_owners, step
+from hashq_coordinator.planner import plan
+
+
+def _registration(worker: str, life: int) -> Registration:
+    return Registration(worker, f"{worker}-{life}", 1)
+
+
+class Grants:
+    """The safety rule, whatever states a bucket passes through: a bucket granted at epoch e to
+    one incarnation is granted again (to anyone, at e + 1) only after that incarnation released
+    epoch e or was fenced after that grant was made."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[tuple[str, str], int, int]] = {}  # holder, epoch, fence count
+        self.fences: dict[tuple[str, str], int] = {}  # fences completed per incarnation
+
+    def fenced_now(self, done: set[tuple[str, str]]) -> None:
+        for incarnation in done:
+            self.fences[incarnation] = self.fences.get(incarnation, 0) + 1
+
+    def check(
+        self,
+        records: dict[int, BucketRecord],
+        changed: dict[int, BucketRecord],
+        releases: set[tuple[int, int]],
+        fenced: set[tuple[str, str]],
+    ) -> None:
+        for bucket, following in changed.items():
+            before = records.get(bucket, BucketRecord())
+            assert following.epoch >= before.epoch, "an epoch went backwards"
+            if following.state != "granted" or following.epoch == before.epoch:
+                continue
+            assert following.epoch == before.epoch + 1, "an epoch was skipped"
+            if bucket in self.last:
+                holder, epoch, fences_then = self.last[bucket]
+                released = (bucket, epoch) in releases
+                cut_off = self.fences.get(holder, 0) > fences_then
+                assert released or cut_off, (
+                    f"bucket {bucket} granted at {following.epoch} before {holder} released "
+                    f"epoch {epoch} or was fenced"
+                )
+            holder = (str(following.owner), str(following.incarnation))
+            self.last[bucket] = (holder, following.epoch, self.fences.get(holder, 0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(), buckets=st.integers(1, 40), workers=st.integers(1, 6))
+def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) -> None:
+    rng = random.Random(seed)
+    names = [f"w{n}" for n in range(workers)]
+    lives = dict.fromkeys(names, 0)
+    live = {name: _registration(name, 0) for name in names if rng.random() < 0.8} or {
+        names[0]: _registration(names[0], 0)
+    }
+    records: dict[int, BucketRecord] = {}
+    releases: set[tuple[int, int]] = set()
+    fenced: set[tuple[str, str]] = set()
+    grants = Grants()
+    now = 0.0
+    for turn in range(60):
+        now += 1.0
+        if turn < 40 and rng.random() < 0.15:  # churn, then calm so that it converges
+            name = rng.choice(names)
+            if name in live and len(live) > 1:
+                del live[name]
+            else:
+                lives[name] += 1
+                live[name] = _registration(name, lives[name])
+        view = View(buckets, records, live, frozenset(releases), frozenset(fenced), now, 5.0)
+        decision = step(view, plan(buckets, dict.fromkeys(live, 1), committed_owners(view)))
+        grants.check(records, decision.records, releases, fenced)
+        records.update(decision.records)
+        # A fenced worker that is granted a bucket again has reconnected to consume it: the
+        # coordinator no longer counts it as fenced (its new connection is not cut off).
+        fenced -= {
+            (str(r.owner), str(r.incarnation))
+            for r in decision.records.values()
+            if r.state == "granted"
+        }
+        done = decision.fences if rng.random() < 0.7 else set()
+        fenced |= done
+        grants.fenced_now(done)
+        # Cooperative owners release what they were asked to, most of the time.
+        for bucket, record in records.items():
+            if record.state == "revoking" and rng.random() < 0.6:
+                releases.add((bucket, record.epoch))
+    for _ in range(20):  # calm: everything settles on the plan
+        now += 10.0
+        view = View(buckets, records, live, frozenset(releases), frozenset(fenced), now, 5.0)
+        decision = step(view, plan(buckets, dict.fromkeys(live, 1), committed_owners(view)))
+        grants.check(records, decision.records, releases, fenced)
+        records.update(decision.records)
+        fenced |= decision.fences
+        grants.fenced_now(decision.fences)
+        for bucket, record in records.items():
+            if record.state == "revoking":
+                releases.add((bucket, record.epoch))
+    owners = [records[b].owner for b in range(buckets)]
+    assert all(records[b].state == "granted" for b in range(buckets))
+    assert set(owners) <= set(live)
+    counts = [owners.count(w) for w in live]
+    assert max(counts) - min(counts) <= 1
+
+
+def test_a_move_revokes_then_grants_at_the_next_epoch() -> None:
+    a, b = _registration("a", 0), _registration("b", 0)
+    records = {0: BucketRecord("granted", "a", a.incarnation, 4)}
+    view = View(1, records, {"a": a, "b": b}, frozenset(), frozenset(), 100.0, 30.0)
+    revoking = step(view, {0: "b"}).records[0]
+    assert (revoking.state, revoking.owner, revoking.target, revoking.epoch) == (
+        "revoking",
+        "a",
+        "b",
+        4,
+    )
+    assert assignments({0: revoking}, {"a": a, "b": b}, 1)["a"].grants == {}
+    waiting = View(1, {0: revoking}, {"a": a, "b": b}, frozenset(), frozenset(), 110.0, 30.0)
+    assert step(waiting, {0: "b"}).records == {}
+    released = View(
+        1, {0: revoking}, {"a": a, "b": b}, frozenset({(0, 4)}), frozenset(), 111.0, 30.0
+    )
+    granted = step(released, {0: "b"}).records[0]
+    assert (granted.state, granted.owner, granted.epoch) == ("granted", "b", 5)
+
+
+def test_an_owner_that_does_not_release_is_fenced_and_named() -> None:
+    a, b = _registration("a", 0), _registration("b", 0)
+    revoking = BucketRecord("revoking", "a", a.incarnation, 4, target="b", since=100.0)
+    late = View(1, {0: revoking}, {"a": a, "b": b}, frozenset(), frozenset(), 131.0, 30.0)
+    decision = step(late, {0: "b"})
+    assert decision.records[0].state == "fencing"
+    assert decision.fences == {("a", a.incarnation)}
+    assert decision.stuck == {0: ("a", 30.0)}
+
+
+def test_an_owner_is_given_at_least_its_session_before_it_is_fenced() -> None:
+    """Cut off ZooKeeper, an owner never hears of the revoke and starts what it holds until its
+    client notices, within its session: a fence after only its drain timeout (1 s) plus the
+    grace could let it start a message after the next owner did (simulation seed 531)."""
+    owner = Registration("a", "a1", 1, drain_timeout=1.0, session_timeout=6.0)
+    record = BucketRecord("revoking", "a", "a1", 1, target="b", since=0.0)
+    view = View(1, {0: record}, {"a": owner}, frozenset(), frozenset(), 0.0, 30.0, fence_grace=1.0)
+    assert view.revoke_timeout_of(record) == 6.0
+    unknown = Registration("a", "a1", 1, drain_timeout=1.0)  # an older worker says no session
+    assert (
+        View(
+            1, {0: record}, {"a": unknown}, frozenset(), frozenset(), 0.0, 30.0, fence_grace=1.0
+        ).revoke_timeout_of(record)
+        == 2.0
+    )
+
+
+def test_before_membership_settles_only_orphans_move() -> None:
+    a, b = _registration("a", 0), _registration("b", 0)
+    records = {
+        0: BucketRecord("granted", "a", a.incarnation, 1),
+        1: BucketRecord("granted", "a", a.incarnation, 1),
+        2: BucketRecord("unassigned", None, None, 3),
+    }
+    view = View(3, records, {"a": a, "b": b}, frozenset(), frozenset(), 1.0, 30.0)
+    decision = step(view, {0: "a", 1: "b", 2: "b"}, settled=False)
+    assert set(decision.records) == {2}
+    assert (decision.records[2].owner, decision.records[2].epoch) == ("b", 4)
+    settled = step(view, {0: "a", 1: "b", 2: "b"}, settled=True)
+    assert settled.records[1].state == "revoking"

@@ -1,0 +1,216 @@
+"""``hashq bench``: every step in one run, so that ratios compare figures taken minutes apart
+on the same machine. Progress goes to stderr; the figures to a JSON file (and, with
+``--json``, to stdout as one object)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from hashq._io.command import logging_from_args, run_command, settings_flags
+from hashq.settings import Settings
+from tools.bench import steps
+from tools.bench.plot import plot
+from tools.bench.rig import bench_app
+from tools.bench.steps import Plan
+
+SLEEPY = "tools.bench.probe:sleepy"
+SLEEPY_BUCKETS = 4
+SLEEPY_MESSAGES = 20_000
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    memory = 0
+    with contextlib.suppress(OSError, ValueError):
+        memory = int(Path("/proc/meminfo").read_text().split()[1]) // 1024
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_mb": memory,
+        "system": platform.platform(),
+        "python": platform.python_version(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, Any]:
+    app = settings.model_copy(update={"app": f"bench-{time.strftime('%H%M%S')}"})
+    results: dict[str, Any] = {"machine": machine(), "plan": asdict(plan), "buckets": app.buckets}
+    async with bench_app(app):
+        steps.say("1. raw aiormq publisher and consumer")
+        raw = results["raw"] = await steps.throughput(app, folder / "raw", plan, "raw")
+        steps.say(f"    {raw}")
+        steps.say("2. hashq publisher and worker, no-op handler")
+        hashq = results["hashq"] = await steps.throughput(
+            app, folder / "hashq", plan, "tools.bench.probe:noop"
+        )
+        steps.say(f"    {hashq}")
+        steps.say("   the consuming side alone: queues filled first, then the consumer started")
+        raw["consumed_per_s"] = (await steps.drain(app, folder / "raw-drain", plan, "raw"))[
+            "consumed_per_s"
+        ]
+        hashq["consumed_per_s"] = (
+            await steps.drain(app, folder / "hashq-drain", plan, "tools.bench.probe:noop")
+        )["consumed_per_s"]
+        steps.say(f"    raw {raw['consumed_per_s']}/s, hashq {hashq['consumed_per_s']}/s")
+        rate = hashq["end_to_end_per_s"] / 2
+        if not plan.quick:
+            steps.say(f"    latency at {rate:.0f}/s (half the maximum)")
+            results["latency"] = await steps.steady(app, folder / "latency", plan, rate)
+            steps.say(f"    {results['latency']}")
+        steps.say(f"3. handover: a second worker joins under {rate:.0f}/s")
+        results["handover"] = await steps.handover(app, folder / "handover", plan, rate)
+        steps.say(f"    {results['handover']}")
+        steps.say(f"4. failover: kill -9 of a worker under {rate:.0f}/s")
+        sessions = [plan.short_session] if plan.quick else [plan.short_session, plan.session]
+        results["failover"] = []
+        for session in sessions:
+            result = await steps.failover(
+                app, folder / f"failover-{session:g}s", plan, rate, session
+            )
+            results["failover"].append(result)
+            steps.say(f"    {result}")
+        if not plan.quick:
+            await full_only(app, plan, folder, results)
+    if not plan.quick:
+        await sleepy(settings, plan, folder, results)
+    results["summary"] = summary(results)
+    return results
+
+
+async def full_only(app: Settings, plan: Plan, folder: Path, results: dict[str, Any]) -> None:
+    steps.say(f"5. memory: a worker after messages of {plan.distinct_keys:,} distinct keys")
+    results["many_keys"] = await steps.many_keys(app, folder / "many-keys", plan)
+    steps.say(f"    {results['many_keys']}")
+    steps.say(f"6. the seed workload: 5,000 events/s for {plan.seed_seconds:g}s")
+    results["seed_workload"] = await steps.seed_workload(app, folder / "seed", plan)
+    steps.say(f"    {results['seed_workload']}")
+
+
+async def sleepy(settings: Settings, plan: Plan, folder: Path, results: dict[str, Any]) -> None:
+    """Handlers that wait 1-5 ms on 4 buckets: per-key parallelism inside a bucket against one
+    message at a time per bucket (``--prefetch 1``)."""
+    few = settings.model_copy(
+        update={"app": f"bench-sleepy-{time.strftime('%H%M%S')}", "buckets": SLEEPY_BUCKETS}
+    )
+    smaller = replace(plan, messages=SLEEPY_MESSAGES)
+    steps.say(f"7. handlers sleeping 1-5 ms, {SLEEPY_BUCKETS} buckets")
+    async with bench_app(few):
+        per_key = await steps.throughput(few, folder / "sleepy-per-key", smaller, SLEEPY)
+        one_at_a_time = await steps.throughput(
+            few, folder / "sleepy-one-at-a-time", smaller, SLEEPY, "--prefetch", "1"
+        )
+    results["sleepy"] = {
+        "buckets": SLEEPY_BUCKETS,
+        "per_key_per_s": per_key["end_to_end_per_s"],
+        "one_at_a_time_per_bucket_per_s": one_at_a_time["end_to_end_per_s"],
+        "speedup": round(per_key["end_to_end_per_s"] / one_at_a_time["end_to_end_per_s"], 2),
+    }
+    steps.say(f"    {results['sleepy']}")
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    raw, hashq = results["raw"]["end_to_end_per_s"], results["hashq"]["end_to_end_per_s"]
+    return {
+        "raw_msgs_per_s": raw,
+        "hashq_msgs_per_s": hashq,
+        "ratio": round(hashq / raw, 3),
+        "raw_consumed_per_s": results["raw"]["consumed_per_s"],
+        "hashq_consumed_per_s": results["hashq"]["consumed_per_s"],
+        "consume_ratio": round(
+            results["hashq"]["consumed_per_s"] / results["raw"]["consumed_per_s"], 3
+        ),
+        "handover_pause_ms_max": results["handover"]["pause_ms_max"],
+        "unmoved_throughput_ratio": results["handover"]["unmoved_throughput_ratio"],
+        "failover_s": results["failover"][0]["failover_s_max"],
+    }
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    rows = [
+        ("raw end to end, msg/s", results["raw"]["end_to_end_per_s"]),
+        ("hashq end to end, msg/s", results["hashq"]["end_to_end_per_s"]),
+        ("ratio (target >= 0.8)", results["summary"]["ratio"]),
+        ("raw publish, msg/s", results["raw"]["published_per_s"]),
+        ("hashq publish, msg/s", results["hashq"]["published_per_s"]),
+        ("raw consume alone, msg/s", results["raw"]["consumed_per_s"]),
+        ("hashq consume alone, msg/s", results["hashq"]["consumed_per_s"]),
+    ]
+    rows += [
+        (f"{side} {role} CPU, ms per 1,000 msgs", results[side][f"{role}_cpu_ms_per_1k"])
+        for side in ("raw", "hashq")
+        for role in ("publisher", "consumer", "broker")
+        if f"{role}_cpu_ms_per_1k" in results[side]
+    ]
+    rows += [
+        ("handover pause, max ms", results["handover"]["pause_ms_max"]),
+        ("unmoved throughput ratio", results["handover"]["unmoved_throughput_ratio"]),
+    ]
+    rows += [
+        (f"failover, session {item['session_s']:g}s, max s", item["failover_s_max"])
+        for item in results["failover"]
+    ]
+    if "latency" in results:
+        rows.append(("latency p50 ms", results["latency"]["p50_ms"]))
+        rows.append(("latency p99 ms", results["latency"]["p99_ms"]))
+    for label, value in rows:
+        print(f"  {label:<34} {value}", file=sys.stderr)
+
+
+async def bench(settings: Settings, args: argparse.Namespace) -> int:
+    plan = Plan.quick_plan() if args.quick else Plan()
+    folder = Path(args.out or tempfile.mkdtemp(prefix="hashq-bench-"))
+    with contextlib.redirect_stdout(sys.stderr):  # stdout is kept for --json
+        results = await run_bench(settings, plan, folder)
+    (folder / "bench.json").write_text(json.dumps(results, indent=2))
+    print_summary(results)
+    print(f"  figures: {folder / 'bench.json'}", file=sys.stderr)
+    picture = Path(args.plot) if args.plot else folder / "bench.png"
+    try:
+        plot(results, folder, picture)
+    except ImportError:
+        print(
+            "  no plot: matplotlib is not installed (pip install 'hashq[bench]')", file=sys.stderr
+        )
+    else:
+        print(f"  plot: {picture}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results["summary"]))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tools.bench.run`` (``make bench``): hashq against the raw broker, one run."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.run",
+        description="Measure hashq against the raw broker on this machine.",
+        parents=[settings_flags()],
+    )
+    parser.add_argument("--quick", action="store_true", help="a reduced run, under a minute")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--out", help="folder for the figures and records (default: a temp one)")
+    parser.add_argument("--plot", help="where to write the PNG plot (default: in --out)")
+    args = parser.parse_args(argv)
+    logging_from_args(args)
+    return run_command(bench, args, parser.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The designs a chaos run puts under the same workload and faults: hashq, and the two naive
+designs of ``tools.chaos.naive``. Each says how to set itself up, how to start one of its consumers,
+where publishers send, and which queues hold what is left at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
+
+from hashq._io.amqp import connect_amqp, connection_name
+from hashq.provision import ensure_topology
+from hashq.settings import Settings
+from hashq.topology import Topology
+from tools.chaos import naive
+from tools.launcher import remove, remove_app
+
+
+@dataclass(frozen=True)
+class Design:
+    name: str
+    title: str
+
+    @property
+    def coordinated(self) -> bool:
+        """Whether the design has coordinators (whose leader a fault can kill)."""
+        return self.name == "hashq"
+
+    def clients(self) -> tuple[str, str]:
+        """The two publishers' clients: hashq's publisher only where hashq's topology is."""
+        return ("hashq", "plain") if self.name == "hashq" else ("plain", "plain")
+
+    def exchange(self, settings: Settings) -> str:
+        if self.name == "hashq":
+            return Topology.from_settings(settings).exchange
+        return naive.exchange_name(self.name, settings.app)
+
+    def worker(self, name: str) -> list[str]:
+        if self.name == "hashq":
+            return ["-m", "hashq.worker.cli", "tools.chaos.handler:record", "--worker-id", name]
+        return ["-m", "tools.chaos.naive", self.name, "--worker-id", name]
+
+    async def prepare(self, settings: Settings) -> None:
+        if self.name == "hashq":
+            await ensure_topology(settings)
+        else:
+            await naive.declare(settings, self.name)
+
+    def queues(self, settings: Settings) -> list[str]:
+        if self.name == "hashq":
+            return Topology.from_settings(settings).bucket_queues()
+        return naive.queue_names(self.name, settings.app, settings.buckets)
+
+    def dead_letter_queue(self, settings: Settings) -> str | None:
+        if self.name == "hashq":
+            return Topology.from_settings(settings).dead_letter_queue
+        return None
+
+    async def remove(self, settings: Settings) -> None:
+        if self.name == "hashq":
+            await remove_app(settings)
+        else:
+            await remove(
+                settings,
+                self.queues(settings),
+                [self.exchange(settings)],
+                naive.zk_root(self.name, settings.app),
+            )
+
+
+DESIGNS = {
+    design.name: design
+    for design in (
+        Design("hashq", "hashq"),
+        Design("split", "hash exchange, re-split"),
+        Design("lock", "one queue, key lock"),
+    )
+}
+
+
+async def take_all(settings: Settings, queues: list[str]) -> set[tuple[str, int]]:
+    """Empty ``queues`` (at the end of a run) and return the (key, seq) of what they held.
+
+    By consuming: quorum queues with single-active-consumer refuse basic.get.
+    """
+    found: set[tuple[str, int]] = set()
+    connection = await connect_amqp(settings, connection_name("chaos-leftovers"))
+    async with connection:
+        channel = await connection.channel()
+        for name in queues:
+            queue = await channel.declare_queue(name, passive=True)
+            expected = queue.declaration_result.message_count
+            if expected:
+                found |= await _consume(queue, expected)
+    return found
+
+
+async def _consume(queue: AbstractQueue, expected: int) -> set[tuple[str, int]]:
+    taken: set[tuple[str, int]] = set()
+    arrived = asyncio.Event()
+
+    async def take(message: AbstractIncomingMessage) -> None:
+        taken.add((str(message.routing_key), int(json.loads(message.body)["seq"])))
+        arrived.set()
+
+    tag = await queue.consume(take, no_ack=True)
+    while len(taken) < expected:
+        arrived.clear()
+        try:
+            await asyncio.wait_for(arrived.wait(), 3.0)
+        except TimeoutError:
+            break
+    await queue.cancel(tag)
+    return taken

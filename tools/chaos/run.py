@@ -1,0 +1,270 @@
+"""``make chaos``: hashq under churn, beside the naive designs it replaces.
+
+For each design (hashq; ``split``: the consistent-hash exchange re-split among consumers;
+``lock``: one queue with a per-key lock), the same workload and the same seeded fault schedule:
+several workers (plus two coordinators for hashq) and two publishers, one of them a plain AMQP
+client, run as separate processes while faults kill, stop and restart them and restart RabbitMQ
+and ZooKeeper. The checker (``tools.chaos.checker``) then reads what was confirmed, executed, dead-
+lettered and left in queues.
+
+Exit status 0 only if, for hashq, nothing was lost or reordered, no two executions of one key
+overlapped within one epoch, and no execution started at an epoch older than its bucket's
+newest (``tools.chaos.checker``). The baselines' counts are reported, not judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hashq.admin.jobs_file import count_lines
+from hashq.settings import Settings, load_settings
+from tools import ROOT
+from tools.chaos.checker import judge, read_lines
+from tools.chaos.designs import DESIGNS, Design, take_all
+from tools.chaos.faults import FAULT_KINDS, SESSION_SECONDS, Chaos, say
+from tools.chaos.recovery import recoveries
+from tools.launcher import Fleet
+
+
+class Files:
+    """Where one design's run keeps its records."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.record = folder / "executions.jsonl"
+        self.confirmed = [folder / "confirmed-1.jsonl", folder / "confirmed-2.jsonl"]
+        if any(path.exists() for path in [self.record, *self.confirmed]):
+            # Records of an earlier run would be judged with this one's.
+            raise SystemExit(f"chaos: {folder} holds records of an earlier run; choose --out")
+
+
+async def run_design(
+    design: Design, settings: Settings, args: argparse.Namespace
+) -> dict[str, Any]:
+    files = Files(Path(args.out) / design.name)
+    await design.prepare(settings)
+    fleet = Fleet(
+        settings,
+        files.folder,
+        {"HASHQ_ZK_SESSION_TIMEOUT": str(SESSION_SECONDS), "HASHQ_CHAOS_RECORD": str(files.record)},
+        cwd=ROOT,
+    )
+    schedule = args.faults.split(",") if args.faults else None
+    chaos = Chaos(fleet, design, settings, args.seed, schedule)
+    say(f"{design.title}: {args.duration:g}s of faults, seed {args.seed}; files in {files.folder}")
+    try:
+        if design.coordinated:
+            for _ in range(2):
+                chaos.start("coordinator")
+        for _ in range(args.workers):
+            chaos.start("worker")
+        for number, client in enumerate(design.clients(), start=1):
+            fleet.start(
+                f"publisher-{number}",
+                *publisher_argv(design, settings, args, files, number, client),
+            )
+        await faults_until(chaos, args, files)
+        await drain_until_done(chaos, files, args.drain)
+    finally:
+        fleet.stop_all()
+    executions = read_lines([files.record])
+    dead = await take_all(settings, [q for q in [design.dead_letter_queue(settings)] if q])
+    queued = await take_all(settings, design.queues(settings))
+    verdict = judge(read_lines(files.confirmed), executions, dead, queued)
+    if not args.keep:
+        await design.remove(settings)
+    return {
+        "title": design.title,
+        "faults": chaos.log,
+        "verdict": verdict.to_json(),
+        "recovery": recoveries(chaos.log, executions),
+    }
+
+
+def publisher_argv(
+    design: Design,
+    settings: Settings,
+    args: argparse.Namespace,
+    files: Files,
+    number: int,
+    client: str,
+) -> list[str]:
+    return [
+        "-m",
+        "tools.chaos.publish",
+        "--client",
+        client,
+        "--exchange",
+        design.exchange(settings),
+        "--prefix",
+        f"p{number}",
+        "--keys",
+        str(args.keys),
+        "--rate",
+        str(args.rate / 2),
+        "--seconds",
+        str(args.duration),
+        "--seed",
+        str(args.seed + number),
+        "--confirmed",
+        str(files.confirmed[number - 1]),
+    ]
+
+
+async def faults_until(chaos: Chaos, args: argparse.Namespace, files: Files) -> None:
+    started = time.monotonic()
+    next_fault = started + args.warmup
+    while time.monotonic() - started < args.duration:
+        if time.monotonic() >= next_fault:
+            await chaos.one()
+            next_fault = time.monotonic() + chaos.rng.uniform(args.gap / 2, args.gap * 1.5)
+        progress(chaos.fleet, files, started)
+        await asyncio.sleep(2.0)
+
+
+async def drain_until_done(chaos: Chaos, files: Files, within: float) -> None:
+    """Wait (up to ``within`` seconds) until everything confirmed was executed."""
+    if len(chaos.fleet.alive("worker")) < 2:
+        chaos.start("worker")
+    deadline = time.monotonic() + within
+    # The publishers stop on their own; their last batch is confirmed and recorded after the
+    # faults end. Comparing before they exit would miss it, and stop the workers too early.
+    for publisher in chaos.fleet.alive("publisher"):
+        await asyncio.to_thread(chaos.fleet.wait, publisher, deadline - time.monotonic())
+    while time.monotonic() < deadline:
+        sent = {(r["key"], r["seq"]) for r in read_lines(files.confirmed)}
+        done = {(r["key"], r["seq"]) for r in read_lines([files.record])}
+        if sent <= done:
+            return
+        say(f"draining: {len(sent - done):,} confirmed messages not yet executed")
+        await asyncio.sleep(3.0)
+    say("stopped waiting: what is still queued counts as unfinished, the rest as lost")
+
+
+def progress(fleet: Fleet, files: Files, started: float) -> None:
+    sent = sum(count_lines(path) for path in files.confirmed)
+    executed = count_lines(files.record)
+    say(
+        f"{time.monotonic() - started:5.0f}s  confirmed {sent:,}  executed {executed:,}"
+        f"  workers {len(fleet.alive('worker'))}  coordinators {len(fleet.alive('coordinator'))}"
+    )
+
+
+ROWS = [
+    ("confirmed", "confirmed"),
+    ("executions", "executions"),
+    ("keys", "keys"),
+    ("lost", "lost"),
+    ("unfinished (still queued)", "unfinished"),
+    ("reordered", "reordered"),
+    ("overlapping, same epoch/no token", "overlapping_same_epoch"),
+    ("overlapping, fenced zombie", "overlapping_zombie"),
+    ("overlapping, stale start", "overlapping_stale"),
+    ("stale starts (older epoch)", "stale_starts"),
+    ("duplicates", "duplicates"),
+    ("dead-lettered", "dead_lettered"),
+]
+
+
+def print_table(results: dict[str, dict[str, Any]]) -> None:
+    names = list(results)
+    width = max(22, *(len(results[name]["title"]) + 2 for name in names))
+    print("\n  " + " " * 34 + "".join(f"{results[n]['title']:>{width}}" for n in names))
+    print(
+        "  "
+        + f"{'faults injected':<34}"
+        + "".join(f"{len(results[n]['faults']):>{width},}" for n in names)
+    )
+    for label, field in ROWS:
+        cells = "".join(f"{results[n]['verdict'][field]:>{width},}" for n in names)
+        print(f"  {label:<34}{cells}")
+    kinds = sorted({kind for n in names for kind in results[n]["recovery"]["by_kind"]})
+    print("\n  worst time to recover, by fault (s; + buckets never recovered)")
+    for kind in kinds:
+        cells = "".join(
+            f"{_recovered(results[n]['recovery']['by_kind'].get(kind)):>{width}}" for n in names
+        )
+        print(f"  {kind:<34}{cells}")
+    for name in names:
+        for kind, examples in results[name]["verdict"]["examples"].items():
+            print(f"  {name}, e.g. {kind}: {'; '.join(examples[:3])}")
+
+
+def _recovered(summary: dict[str, Any] | None) -> str:
+    if summary is None:
+        return "-"
+    worst = "never" if summary["worst_s"] is None else f"{summary['worst_s']:.1f}"
+    stuck = summary["unrecovered_buckets"]
+    return worst + (f" +{stuck}" if stuck else "")
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    app = args.app or f"chaos-{args.seed}-{time.strftime('%H%M%S')}"
+    settings = load_settings(app=app, buckets=str(args.buckets))
+    results = {}
+    for name in args.designs.split(","):
+        results[name] = await run_design(DESIGNS[name], settings, args)
+    return {
+        "app": app,
+        "seed": args.seed,
+        "duration": args.duration,
+        "rate": args.rate,
+        "keys": 2 * args.keys,
+        "designs": results,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="chaos")
+    parser.add_argument("--duration", type=float, default=float(os.environ.get("DURATION", 60)))
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("SEED", 1)))
+    parser.add_argument(
+        "--designs", default="hashq,split,lock", help="comma-separated: hashq, split, lock"
+    )
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--keys", type=int, default=2000, help="keys per publisher")
+    parser.add_argument("--rate", type=float, default=600.0, help="messages/s, both publishers")
+    parser.add_argument("--buckets", type=int, default=16)
+    parser.add_argument("--gap", type=float, default=8.0, help="mean seconds between faults")
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument(
+        "--faults",
+        help="comma-separated fault kinds to carry out in this order, and no others, instead of "
+        "drawing them: "
+        "kill, start, term, stop, leader, rabbitmq, zookeeper",
+    )
+    parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait at the end")
+    parser.add_argument("--app")
+    parser.add_argument("--out")
+    parser.add_argument("--keep", action="store_true", help="keep queues and ZooKeeper state")
+    args = parser.parse_args()
+    unknown = set(args.designs.split(",")) - set(DESIGNS)
+    if unknown:
+        parser.error(f"unknown design(s) {', '.join(sorted(unknown))}; known: {', '.join(DESIGNS)}")
+    unknown = set(args.faults.split(",") if args.faults else []) - set(FAULT_KINDS)
+    if unknown:
+        known = ", ".join(FAULT_KINDS)
+        parser.error(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {known}")
+    args.out = args.out or tempfile.mkdtemp(prefix="hashq-chaos-")
+    report = asyncio.run(run(args))
+    path = Path(args.out, "report.json")
+    path.write_text(json.dumps(report, indent=2))
+    print_table(report["designs"])
+    say(f"report: {path}")
+    hashq = report["designs"].get("hashq")
+    clean = hashq is None or hashq["verdict"]["clean"]
+    print("\n  " + ("hashq: CLEAN" if clean else "hashq: FAILED"))
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

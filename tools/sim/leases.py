@@ -1,0 +1,273 @@
+"""A simulated worker's bucket leases and the jobs delivered on them: what ``hashq.worker.bucket``
+and ``hashq.worker.runners`` do, on virtual time, against the broker model.
+
+Handlers take a duration drawn from the seed; a "thread" handler cannot be stopped (it runs on
+after its lease is cut off), an async one stops when told. Acknowledgements go out in batches
+through the production ``AckWindow``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hashq.worker.acks import ACK_DELAY, AckWindow
+from hashq.worker.machine import events as ev
+from hashq.worker.machine.lease import LeaseCore
+from tools.sim.invariants import Checker, Execution
+from tools.sim.process import Process
+from tools.sim.rabbit import Broker, Connection, Msg
+
+
+@dataclass(eq=False)
+class Job:
+    lease: SimLease
+    tag: int
+    msg: Msg
+    thread: bool
+    duration: float
+    execution: Execution | None = None
+    cut: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.msg.key
+
+
+@dataclass(eq=False)
+class SimLease:
+    number: int
+    bucket: int
+    epoch: int
+    channel: int
+    connection: Connection
+    window: AckWindow
+    core: LeaseCore[Job] = field(default_factory=LeaseCore)
+    ack_timer: bool = False
+    on_idle: list[Callable[[], None]] = field(default_factory=list)
+    awaiting_close: list[Callable[[], None]] = field(default_factory=list)
+    closed: bool = False
+    settle_watched: bool = False
+
+
+class LeaseRunner:
+    """The leases of one ``SimWorker`` (``process``) and the jobs delivered on them: it runs
+    inside that process, and tells the worker's machine what happened through ``post``."""
+
+    def __init__(
+        self,
+        process: Process,
+        post: Callable[[ev.Event], None],
+        broker: Broker,
+        checker: Checker,
+        prefetch: int,
+        concurrency: int,
+        handler_time: Callable[[], tuple[float, bool]],
+    ) -> None:
+        self._process = process
+        self._worker_id, self._world = process.name, process.world  # its name is the worker's id
+        self._post = post
+        self._broker, self._checker = broker, checker
+        self._prefetch, self._concurrency = prefetch, concurrency
+        self._handler_time = handler_time
+        self.leases: dict[int, SimLease] = {}  # by machine lease number
+        self._channels = itertools.count(1)
+        self._ready: deque[Job] = deque()
+        self._running = 0
+        self.paused = False  # the runners start nothing (``PauseRunners``, a pause seen)
+
+    def resume(self) -> None:
+        self.paused = False
+        self._pump()
+
+    def abandon(self) -> None:
+        """The process died: whatever ran in it ends unfinished."""
+        for lease in self.leases.values():
+            for job in list(lease.core.close()):
+                self._end(job, completed=False)
+
+    # ------------------------------------------------------------ AMQP
+    def connection_gone(self, connection: Connection) -> None:
+        for lease in list(self.leases.values()):
+            if lease.connection is connection:
+                self._fire(lease)
+                waiting, lease.awaiting_close = lease.awaiting_close, []
+                for closed in waiting:
+                    closed()
+
+    def subscribe(self, action: ev.Subscribe, connection: Connection | None) -> None:
+        if connection is None:
+            self._process.later(
+                0, lambda: self._post(ev.Subscribed(action.lease, False, "no connection"))
+            )
+            return
+        lease = SimLease(
+            action.lease,
+            action.bucket,
+            action.epoch,
+            next(self._channels),
+            connection,
+            AckWindow(max(1, self._prefetch // 2)),
+        )
+        self.leases[action.lease] = lease
+
+        def done(error: str) -> None:
+            self._post(ev.Subscribed(action.lease, not error, error))
+
+        queue = self._broker.bucket_queue(action.bucket)
+        connection.consume(
+            lease.channel, queue, self._prefetch, self._process.bound(done), action.epoch
+        )
+
+    def delivered(self, connection: Connection, channel: int, tag: int, msg: Msg) -> None:
+        lease = self._lease_on(connection, channel)
+        if lease is None:
+            return
+        duration, thread = self._handler_time()
+        for job in lease.core.deliver(tag, Job(lease, tag, msg, thread, duration)):
+            self._ready.append(job)
+        self._pump()
+
+    def channel_lost(
+        self, connection: Connection, channel: int, reason: str, timeout: bool
+    ) -> None:
+        lease = self._lease_on(connection, channel)
+        if lease is not None:
+            lease.closed = True
+            self._post(ev.ChannelLost(lease.number, reason, timeout))
+
+    def _lease_on(self, connection: Connection, channel: int) -> SimLease | None:
+        for lease in self.leases.values():
+            if lease.connection is connection and lease.channel == channel:
+                return lease
+        return None
+
+    # ------------------------------------------------------------ running jobs
+    def _pump(self) -> None:
+        while self._ready and not self.paused and self._running < self._concurrency:
+            job = self._ready.popleft()
+            if job.lease.core.may_start() and self.leases.get(job.lease.number) is job.lease:
+                self._execute(job)
+
+    def _execute(self, job: Job) -> None:
+        lease = job.lease
+        lease.core.started(job)
+        self._running += 1
+        job.execution = self._checker.start(
+            self._worker_id, job.msg.key, job.msg.seq, lease.bucket, lease.epoch, self._world.now
+        )
+        self._process.later(job.duration, lambda: self._returned(job))
+
+    def _returned(self, job: Job) -> None:
+        """The handler returned (a thread told to stop returns only now)."""
+        if job.cut and not job.thread:
+            return  # stopped when it was cut off
+        self._running -= 1
+        lease = job.lease
+        usable = lease.core.may_start() and not lease.closed and lease.connection.client_open
+        if job.cut or not usable:
+            lease.core.dropped(job)
+            self._end(job, completed=True)  # its work was done, but it goes back to the queue
+        else:
+            self._end(job, completed=True)
+            if lease.window.complete(job.tag):
+                self._send_acks(lease)
+            elif not lease.ack_timer:
+                lease.ack_timer = True
+                self._process.later(ACK_DELAY, lambda: self._send_acks(lease))
+            following = lease.core.finished(job)
+            if following is not None:
+                self._ready.append(following)
+        self._after_job(lease)
+        self._pump()
+
+    def _end(self, job: Job, completed: bool) -> None:
+        if job.execution is not None and job.execution.running:
+            self._checker.end(job.execution, completed)
+
+    def _after_job(self, lease: SimLease) -> None:
+        if lease.core.idle and lease.on_idle:
+            self._fire(lease)
+        if lease.core.settled and lease.settle_watched:
+            lease.settle_watched = False
+            self.leases.pop(lease.number, None)
+            self._post(ev.Settled(lease.number))
+
+    def _send_acks(self, lease: SimLease) -> None:
+        lease.ack_timer = False
+        if lease.closed or not lease.connection.client_open:
+            return
+        upto, singles = lease.window.take()
+        if upto:
+            lease.connection.ack(lease.channel, upto, True)
+        for tag in singles:
+            lease.connection.ack(lease.channel, tag, False)
+        if lease.window.pending and not lease.ack_timer:
+            lease.ack_timer = True
+            self._process.later(ACK_DELAY, lambda: self._send_acks(lease))
+
+    # ------------------------------------------------------------ ending leases
+    def drain(self, number: int, within: float) -> None:
+        lease = self.leases.get(number)
+        if lease is None:
+            self._process.later(0, lambda: self._post(ev.Closed(number)))
+            return
+        lease.core.drain()
+        lease.connection.cancel(lease.channel, lambda _: None)
+        finished = [False]
+
+        def close() -> None:
+            if not finished[0]:
+                finished[0] = True
+                self.close(number)
+
+        if lease.core.idle:
+            close()
+            return
+        lease.on_idle.append(close)
+        self._process.later(within, close)
+
+    def _fire(self, lease: SimLease) -> None:
+        callbacks, lease.on_idle = lease.on_idle, []
+        for callback in callbacks:
+            callback()
+
+    def close(self, number: int) -> None:
+        """``BucketLease.close``: stop running handlers, flush acknowledgements, close the
+        channel; then ``Closed`` (when the broker answered, or the connection is gone)."""
+        lease = self.leases.get(number)
+        if lease is None:
+            self._process.later(0, lambda: self._post(ev.Closed(number)))
+            return
+        for job in lease.core.close():
+            job.cut = True
+            if not job.thread:
+                self._running -= 1
+                lease.core.dropped(job)
+                self._end(job, completed=False)
+        self._pump()
+        self._send_acks(lease)
+        lease.closed = True
+
+        answered = [False]
+
+        def closed(confirmed: bool = False) -> None:
+            if answered[0]:
+                return
+            answered[0] = True
+            running = lease.core.running
+            if running:
+                lease.settle_watched = True
+            else:
+                self.leases.pop(number, None)
+            self._post(ev.Closed(number, running, confirmed))
+
+        if lease.connection.client_open:
+            lease.awaiting_close.append(closed)
+            lease.connection.close_channel(
+                lease.channel, self._process.bound(lambda error: closed(confirmed=not error))
+            )
+        else:
+            self._process.later(0, closed)

@@ -1,0 +1,386 @@
+"""A model of the RabbitMQ behaviour hashq relies on, and of the behaviour that hurts it.
+
+- Bucket queues keep publish order; a message returned by a closed channel goes back to its
+  place (before everything published after it) and counts as a delivery: past the quorum
+  delivery limit it is dead-lettered.
+- Single active consumer: the first registered consumer of a queue gets its messages, up to its
+  prefetch; when it is cancelled or its channel closes, the next one becomes active at once. A
+  cancelled consumer keeps what it was delivered until it acknowledges it or its channel closes.
+- ``consumer_timeout``: a delivery unacknowledged for that long closes its channel.
+- A server-sent ``basic.cancel``; node restarts (every connection closed; queues durable).
+- Exclusive queues belong to one connection (the workers' liveness queues).
+- The management API lists a connection only some time (up to its lag) after it opened, and
+  may be slow or fail.
+- Heartbeats: a partition longer than the heartbeat makes each side give the connection up, at
+  its own moment.
+"""
+
+from __future__ import annotations
+
+import bisect
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tools.sim.net import Link, Pipe
+from tools.sim.world import World
+
+CONSUMER_TIMEOUT_REASON = "PRECONDITION_FAILED - delivery acknowledgement on channel {} timed out"
+
+
+@dataclass
+class Msg:
+    number: int  # publish order across the broker: a queue's order
+    key: str
+    seq: int  # per key, from 1
+    returned: int = 0  # times a closed channel handed it back (the quorum delivery count)
+
+    def __lt__(self, other: Msg) -> bool:
+        return self.number < other.number
+
+
+class Client(Protocol):
+    """What the broker tells the client end of a connection (after the network's delay)."""
+
+    def delivered(self, channel: int, tag: int, msg: Msg, redelivered: bool) -> None: ...
+    def channel_closed(self, channel: int, reason: str) -> None: ...
+    def consumer_cancelled(self, channel: int) -> None: ...
+    def connection_closed(self, reason: str) -> None: ...
+
+
+@dataclass(eq=False)
+class Channel:
+    connection: Connection
+    number: int
+    queue: Queue
+    prefetch: int
+    epoch: int
+    next_tag: int = 1
+    unacked: dict[int, Msg] = field(default_factory=dict)
+    consuming: bool = True
+    open: bool = True
+
+
+@dataclass(eq=False)
+class Queue:
+    name: str
+    ready: list[Msg] = field(default_factory=list)  # sorted by number
+    consumers: list[Channel] = field(default_factory=list)  # registration order; [0] is active
+    owner: Connection | None = None  # of an exclusive queue
+
+
+class Connection:
+    """One AMQP connection: a client end (``client_open``), a broker end (``open``), and two
+    pipes between them."""
+
+    def __init__(self, broker: Broker, name: str, client: Client, link: Link) -> None:
+        self.broker = broker
+        self.name = name
+        self.client = client
+        self.up = Pipe(broker.world, link)
+        self.down = Pipe(broker.world, link)
+        self.open = True  # on the broker's side
+        self.client_open = True
+        self.channels: dict[int, Channel] = {}
+        # Late, but never later than the lag the coordinators are told (their contract).
+        lag = broker.listing_lag * broker.world.rng.uniform(0.5, 1.0)
+        self.listed_at = broker.world.now + lag
+        self.link = link
+        self._waiting: dict[int, Callable[[str], None]] = {}  # requests not answered yet
+        self._requests = 0
+
+    # ------------------------------------------------------------ the client's calls
+    def consume(
+        self, channel: int, queue: str, prefetch: int, done: Callable[[str], None], epoch: int
+    ) -> None:
+        """Open ``channel``, set its prefetch and consume ``queue``; ``done("")`` or an error.
+        ``epoch`` is the simulation's label of the consumer, for the invariants only."""
+        self._call(lambda: self.broker.consume(self, channel, queue, prefetch, epoch), done)
+
+    def declare_exclusive(self, queue: str, done: Callable[[str], None]) -> None:
+        self._call(lambda: self.broker.declare_exclusive(self, queue), done)
+
+    def ack(self, channel: int, tag: int, multiple: bool) -> None:
+        if self.client_open:
+            self.up.send(lambda: self.broker.ack(self, channel, tag, multiple))
+
+    def cancel(self, channel: int, done: Callable[[str], None]) -> None:
+        self._call(lambda: self.broker.cancel(self, channel), done)
+
+    def close_channel(self, channel: int, done: Callable[[str], None]) -> None:
+        self._call(lambda: self.broker.close_channel(self, channel), done)
+
+    def close(self) -> None:
+        """The client closes its end; the broker closes its own when the frame arrives."""
+        if self.client_open:
+            self.client_open = False
+            self.up.send(lambda: self.broker.close_connection(self, "closed by the client"))
+            self._fail_waiting()
+
+    def _call(self, request: Callable[[], str], done: Callable[[str], None]) -> None:
+        """A request and its answer; once the client's end closes, every request still
+        waiting fails ("connection closed"), as aiormq's do."""
+        if not self.client_open:
+            self.broker.world.after(0, lambda: done("connection closed"))
+            return
+        self._requests += 1
+        number = self._requests
+        self._waiting[number] = done
+
+        def answered(answer: str) -> None:
+            waiting = self._waiting.pop(number, None)
+            if waiting is not None:
+                waiting(answer)
+
+        def at_broker() -> None:
+            answer = request() if self.open else "connection closed"
+            self.down.send(lambda: answered(answer))
+
+        self.up.send(at_broker)
+
+    def _fail_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for done in waiting.values():
+            self.broker.world.after(0, lambda done=done: done("connection closed"))  # type: ignore[misc]
+
+    # ------------------------------------------------------------ the client end gives up
+    def lost_by_client(self, reason: str) -> None:
+        """The client end gives the connection up (heartbeats missed, or the broker closed it):
+        its socket closes, which the broker learns once the network lets it through."""
+        if self.client_open:
+            self.client_open = False
+            self.client.connection_closed(reason)
+            self._fail_waiting()
+            self.up.send(lambda: self.broker.close_connection(self, "client closed the socket"))
+
+
+class Broker:
+    def __init__(
+        self,
+        world: World,
+        buckets: int,
+        *,
+        prefetch_cap: int = 1000,
+        delivery_limit: int = 20,
+        consumer_timeout: float = 0.0,
+        heartbeat: float = 10.0,
+        listing_lag: float = 2.0,
+    ) -> None:
+        self.world = world
+        self.buckets = buckets
+        self.queues = {self.bucket_queue(b): Queue(self.bucket_queue(b)) for b in range(buckets)}
+        self.delivery_limit = delivery_limit
+        self.consumer_timeout = consumer_timeout
+        self.heartbeat = heartbeat
+        self.listing_lag = listing_lag
+        self.prefetch_cap = prefetch_cap
+        self.connections: list[Connection] = []
+        self.dead: list[Msg] = []
+        self.up = True
+        self.api_failing = False
+        self.api_delay = 0.0
+        self._published = 0
+        self.on_consumers: Callable[[str, list[int]], None] | None = None
+
+    @staticmethod
+    def bucket_queue(bucket: int) -> str:
+        return f"b{bucket:04d}"
+
+    def bucket_of(self, key: str) -> int:
+        return zlib.crc32(key.encode()) % self.buckets
+
+    # ------------------------------------------------------------ connections
+    def connect(self, name: str, client: Client, link: Link) -> Connection | None:
+        """A new connection, or None if the node is down or unreachable."""
+        if not self.up or not link.up:
+            return None
+        connection = Connection(self, name, client, link)
+        self.connections.append(connection)
+        return connection
+
+    def close_connection(self, connection: Connection, reason: str) -> None:
+        """The broker's end closes: what its channels held goes back; exclusive queues go."""
+        if not connection.open:
+            return
+        connection.open = False
+        for channel in list(connection.channels.values()):
+            self._end_channel(channel)
+        for name, queue in list(self.queues.items()):
+            if queue.owner is connection:
+                del self.queues[name]
+        self.connections = [c for c in self.connections if c.open]
+        connection.down.send(lambda: connection.lost_by_client(reason))
+
+    def partition(self, link: Link) -> None:
+        """Cut ``link``; each side of each of its connections gives up after a heartbeat or
+        two, unless it heals first."""
+        link.cut()
+        for connection in [c for c in self.connections if c.link is link]:
+            self._give_up_later(connection, link)
+
+    def _give_up_later(self, connection: Connection, link: Link) -> None:
+        rng = self.world.rng
+
+        def broker_side() -> None:
+            if not link.up:
+                self.close_connection(connection, "missed heartbeats from client")
+
+        def client_side() -> None:
+            if not link.up:
+                connection.lost_by_client("missed heartbeats from server")
+
+        self.world.after(self.heartbeat * rng.uniform(1.0, 2.0), broker_side)
+        self.world.after(self.heartbeat * rng.uniform(1.0, 2.0), client_side)
+
+    def restart(self, downtime: float) -> None:
+        """The node stops (every connection closed; the client sees it at once) and comes back
+        after ``downtime``; queues and their messages are durable."""
+        self.up = False
+        for connection in list(self.connections):
+            self.close_connection(connection, "CONNECTION_FORCED - broker shutdown")
+            connection.lost_by_client("connection reset")
+
+        def back() -> None:
+            self.up = True
+
+        self.world.after(downtime, back)
+
+    # ------------------------------------------------------------ the broker's side of calls
+    def consume(
+        self, connection: Connection, number: int, name: str, prefetch: int, epoch: int
+    ) -> str:
+        queue = self.queues.get(name)
+        if queue is None:
+            return f"NOT_FOUND - no queue '{name}'"
+        channel = Channel(connection, number, queue, min(prefetch, self.prefetch_cap), epoch)
+        connection.channels[number] = channel
+        queue.consumers.append(channel)
+        if self.on_consumers is not None:
+            self.on_consumers(name, [c.epoch for c in queue.consumers])
+        self._dispatch(queue)
+        return ""
+
+    def declare_exclusive(self, connection: Connection, name: str) -> str:
+        queue = self.queues.get(name)
+        if queue is not None and queue.owner is not connection:
+            return f"RESOURCE_LOCKED - cannot obtain exclusive access to queue '{name}'"
+        self.queues[name] = queue or Queue(name, owner=connection)
+        return ""
+
+    def exists(self, name: str) -> bool:
+        return name in self.queues
+
+    def ack(self, connection: Connection, number: int, tag: int, multiple: bool) -> None:
+        channel = connection.channels.get(number)
+        if channel is None or not channel.open:
+            return
+        tags = [t for t in channel.unacked if t <= tag] if multiple else [tag]
+        for acked in tags:
+            channel.unacked.pop(acked, None)
+        self._dispatch(channel.queue)
+
+    def cancel(self, connection: Connection, number: int) -> str:
+        channel = connection.channels.get(number)
+        if channel is not None and channel.consuming:
+            channel.consuming = False
+            channel.queue.consumers.remove(channel)
+            self._dispatch(channel.queue)
+        return ""
+
+    def close_channel(self, connection: Connection, number: int) -> str:
+        channel = connection.channels.get(number)
+        if channel is not None:
+            self._end_channel(channel)
+        return ""
+
+    def cancel_from_server(self, channel: Channel) -> None:
+        """A server-sent ``basic.cancel`` (the queue's leader moved, say)."""
+        if channel.consuming and channel.open:
+            self.cancel(channel.connection, channel.number)
+            connection = channel.connection
+            connection.down.send(lambda: connection.client.consumer_cancelled(channel.number))
+
+    def _end_channel(self, channel: Channel) -> None:
+        if not channel.open:
+            return
+        channel.open = False
+        channel.connection.channels.pop(channel.number, None)
+        if channel.consuming:
+            channel.consuming = False
+            channel.queue.consumers.remove(channel)
+        self._return(channel.queue, list(channel.unacked.values()))
+        channel.unacked.clear()
+        self._dispatch(channel.queue)
+
+    def _return(self, queue: Queue, messages: list[Msg]) -> None:
+        for msg in messages:
+            msg.returned += 1
+            if msg.returned >= self.delivery_limit:
+                self.dead.append(msg)
+            else:
+                bisect.insort(queue.ready, msg)
+
+    def _dispatch(self, queue: Queue) -> None:
+        while queue.ready and queue.consumers:
+            channel = queue.consumers[0]
+            if len(channel.unacked) >= channel.prefetch:
+                return
+            msg = queue.ready.pop(0)
+            tag = channel.next_tag
+            channel.next_tag += 1
+            channel.unacked[tag] = msg
+            self._deliver(channel, tag, msg)
+
+    def _deliver(self, channel: Channel, tag: int, msg: Msg) -> None:
+        connection = channel.connection
+        redelivered = msg.returned > 0
+        connection.down.send(
+            lambda: (
+                connection.client.delivered(channel.number, tag, msg, redelivered)
+                if connection.client_open
+                else None
+            )
+        )
+        if self.consumer_timeout > 0:
+            self.world.after(self.consumer_timeout, lambda: self._check_timeout(channel, tag, msg))
+
+    def _check_timeout(self, channel: Channel, tag: int, msg: Msg) -> None:
+        if channel.open and channel.unacked.get(tag) is msg:
+            self._end_channel(channel)
+            connection = channel.connection
+            reason = CONSUMER_TIMEOUT_REASON.format(channel.number)
+            connection.down.send(lambda: connection.client.channel_closed(channel.number, reason))
+
+    # ------------------------------------------------------------ publishing
+    def publish(self, key: str, seq: int) -> bool:
+        """Route to the key's bucket queue; False (not confirmed) while the node is down."""
+        if not self.up:
+            return False
+        self._published += 1
+        queue = self.queues[self.bucket_queue(self.bucket_of(key))]
+        queue.ready.append(Msg(self._published, key, seq))
+        self._dispatch(queue)
+        return True
+
+    # ------------------------------------------------------------ the management API
+    def listed_connections(self) -> list[str] | None:
+        """Names the API lists now (None: the call failed)."""
+        if self.api_failing or not self.up:
+            return None
+        now = self.world.now
+        return [c.name for c in self.connections if c.open and c.listed_at <= now]
+
+    def force_close(self, name: str) -> bool:
+        if self.api_failing or not self.up:
+            return False
+        for connection in list(self.connections):
+            if connection.name == name:
+                self.close_connection(connection, "CONNECTION_FORCED - fenced")
+        return True
+
+    def backlog(self) -> int:
+        """Messages not yet acknowledged, in queues or checked out."""
+        ready = sum(len(q.ready) for q in self.queues.values())
+        out = sum(len(ch.unacked) for c in self.connections for ch in c.channels.values())
+        return ready + out

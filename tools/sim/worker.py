@@ -1,0 +1,395 @@
+"""A simulated worker: the production ``WorkerMachine`` and ``LeaseCore`` on virtual time,
+with edges that do what ``hashq.worker.runtime`` and ``hashq.worker.bucket`` do against the
+server models.
+
+This module is the process: starting, stopping and dying, the machine's actions, ZooKeeper
+(registering, announcing a new connection, session checks, releases) and the AMQP connection.
+Its bucket leases and the jobs delivered on them are ``tools.sim.leases``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hashq.records import Assignment, Paths, Registration, Release, worker_connection_name
+from hashq.worker.machine import events as ev
+from hashq.worker.machine.core import WorkerMachine
+from hashq.worker.machine.states import WorkerState
+from tools.sim.invariants import Checker
+from tools.sim.leases import LeaseRunner
+from tools.sim.process import Process
+from tools.sim.rabbit import Broker, Connection, Msg
+from tools.sim.world import Violation, World
+from tools.sim.zoo import (
+    ConnectionLoss,
+    NodeExists,
+    NoNode,
+    SessionExpired,
+    ZkClient,
+    ZkError,
+    ZooKeeper,
+)
+
+PATHS = Paths("sim")
+ACK_FLUSH_WITHIN = 1.0
+
+
+DRAIN_TIMEOUTS = (1.0, 3.0, 6.0)  # drawn for workers and coordinators
+WITHDRAW_DELAYS = (0.0, 12.0)  # 0: the session timeout
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    drain_timeout: float = 5.0
+    session_timeout: float = 4.0
+    prefetch: int = 8
+    concurrency: int = 4
+    capacity: int = 1
+    withdraw_after: float = 0.0  # 0: the worker's session timeout (the first rule)
+
+
+class SimWorker(Process):
+    def __init__(
+        self,
+        world: World,
+        worker_id: str,
+        broker: Broker,
+        zk: ZooKeeper,
+        checker: Checker,
+        config: WorkerConfig,
+        handler_time: Callable[[], tuple[float, bool]],
+    ) -> None:
+        super().__init__(world, worker_id)
+        self.worker_id = worker_id
+        self.broker, self.zk, self.checker, self.config = broker, zk, checker, config
+        self.machine = WorkerMachine(
+            worker_id,
+            broker.buckets,
+            config.drain_timeout,
+            stop_within=config.session_timeout,
+            withdraw_after=config.withdraw_after or config.session_timeout,
+        )
+        self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
+        self.connection: Connection | None = None
+        self.runner = LeaseRunner(
+            self, self.post, broker, checker, config.prefetch, config.concurrency, handler_time
+        )
+        self._connection_numbers = itertools.count(1)
+        self._timer_at: float | None = None
+        self.stopped = False
+        self.told_to_stop = False
+        self.on_drain: Callable[[], None] | None = None  # a fault armed for the next drain
+        self.on_confirm: Callable[[], None] | None = None  # ... for the next session check
+        self.on_reconnect: Callable[[], None] | None = None  # ... for the next reconnection
+        self.on_link_up: Callable[[], None] | None = None  # ... for when it has been announced
+        self.was_fenced = False  # a connection of it was closed through the management API
+
+    # ------------------------------------------------------------ life
+    def start(self) -> None:
+        self.client.watch(PATHS.assignment(self.worker_id), self.bound(self._read_assignment))
+        self.client.start()
+        self.post(ev.Tick())
+
+    def stop(self) -> None:
+        self.told_to_stop = True
+        self.run(lambda: self.post(ev.Stop()))
+
+    def kill(self) -> None:
+        super().kill()
+        self.client.crash()
+        if self.connection is not None:
+            self.broker.close_connection(self.connection, "connection reset")  # the OS closes it
+        self.runner.abandon()
+
+    def resumed(self, paused: float) -> None:
+        if paused > max(0.5, self.config.session_timeout / 4):
+            self.runner.paused = True  # the runners check a fresh tick before starting anything
+            self.post(ev.PauseSeen(paused))
+
+    # ------------------------------------------------------------ the machine
+    def post(self, event: ev.Event) -> None:
+        if not self.alive or self.stopped:
+            return
+        for action in self.machine.handle(event, self.world.now):
+            self._do(action)
+        if self.machine.state is WorkerState.STOPPED:
+            self._finish()
+            return
+        wake = self.machine.wake_at
+        if wake is not None and (self._timer_at is None or wake < self._timer_at):
+            self._timer_at = wake
+            self.later(wake - self.world.now, self._tick)
+
+    def _tick(self) -> None:
+        self._timer_at = None
+        self.post(ev.Tick())
+
+    def _do(self, action: ev.Action) -> None:
+        if isinstance(action, ev.BeginIncarnation):
+            self._begin()
+        elif isinstance(action, ev.Reconnect):
+            self._reconnect(action.number)
+        elif isinstance(action, ev.DropConnection):
+            self._drop_connection()
+        elif isinstance(action, ev.PauseRunners):
+            self.runner.paused = True
+        elif isinstance(action, ev.ResumeRunners):
+            self.runner.resume()
+        elif isinstance(action, ev.ConfirmSession):
+            self._confirm(action.asked)
+        elif isinstance(action, ev.Subscribe):
+            self.runner.subscribe(action, self.connection)
+        elif isinstance(action, ev.Drain):
+            self.runner.drain(action.lease, action.within)
+            if self.on_drain is not None:
+                armed, self.on_drain = self.on_drain, None
+                armed()
+        elif isinstance(action, ev.CutOff):
+            self.runner.close(action.lease)
+        elif isinstance(action, ev.WriteRelease):
+            self._write_release(action)
+        elif isinstance(action, ev.Withdraw):
+            self._drop_connection()
+            self._deregister()
+        elif isinstance(action, ev.Deregister):
+            self._deregister()
+
+    # ------------------------------------------------------------ ZooKeeper
+    def _zk_state(self, state: str) -> None:
+        session = {"connected": ev.Session.CONNECTED, "suspended": ev.Session.SUSPENDED}
+        self.post(ev.SessionChanged(session.get(state, ev.Session.LOST)))
+
+    def _read_assignment(self) -> None:
+        def take(answer: Any) -> None:
+            if isinstance(answer, NoNode):
+                self.post(ev.AssignmentRead(-1, None))
+            elif not isinstance(answer, ZkError):
+                data, stat = answer
+                self.post(ev.AssignmentRead(stat.mzxid, Assignment.decode(data)))
+
+        self.client.call(lambda zk, _: zk.get(PATHS.assignment(self.worker_id)), self.bound(take))
+
+    def _registration(self, incarnation: str, connection: str) -> Registration:
+        return Registration(
+            worker_id=self.worker_id,
+            incarnation=incarnation,
+            capacity=self.config.capacity,
+            connection=connection,
+            drain_timeout=self.config.drain_timeout,
+            session_timeout=self.config.session_timeout,
+        )
+
+    def _begin(self) -> None:
+        """Open connection 1 of a new incarnation, hold its liveness queue, then register."""
+        self._drop_connection()
+        incarnation = f"{self.worker_id}i{self.world.unique()}"
+        name = worker_connection_name(self.worker_id, incarnation)
+
+        def registered(answer: Any) -> None:
+            if isinstance(answer, ZkError):
+                self._drop_connection()
+                self.post(ev.RegisterFailed(type(answer).__name__))
+            else:
+                self._link_up(ev.Registered(incarnation, connection))
+
+        def register(zk: ZooKeeper, session: int, data: bytes) -> None:
+            _register(zk, session, self.worker_id, data)
+
+        connection = self._open_and_write(
+            name, incarnation, ev.RegisterFailed, register, registered
+        )
+
+    def _open_and_write(
+        self,
+        name: str,
+        incarnation: str,
+        failed: Callable[[str], ev.Event],
+        write: Callable[[ZooKeeper, int, bytes], None],
+        written: Callable[[Any], None],
+    ) -> int:
+        """Open connection ``name`` (``_open``), then write the registration that names it with
+        ``write`` and pass ZooKeeper's answer to ``written``; a connection that did not open is
+        dropped and posted as ``failed``. Returns the connection's number."""
+
+        def opened(error: str) -> None:
+            if error:
+                self._drop_connection()
+                self.post(failed(error))
+                return
+            data = self._registration(incarnation, name).encode()
+            self.client.call(lambda zk, session: write(zk, session, data), self.bound(written))
+
+        return self._open(name, incarnation, opened)
+
+    def _open(self, name: str, incarnation: str, done: Callable[[str], None]) -> int:
+        """Open a connection and take the liveness queue on it; returns its number."""
+        client = _Client(self, next(self._connection_numbers))
+        connection = self.broker.connect(name, client, self.amqp_link)
+        client.connection = connection
+        if connection is None:
+            self.later(0.01, lambda: done("connection refused"))
+            return client.number
+        self.connection = connection
+        liveness = f"alive.{self.worker_id}.{incarnation}"
+        connection.declare_exclusive(liveness, self.bound(done))
+        return client.number
+
+    def _reconnect(self, number: int) -> None:
+        if self.on_reconnect is not None:
+            armed, self.on_reconnect = self.on_reconnect, None
+            armed()
+        self._drop_connection()
+        incarnation = self.machine.incarnation
+        name = worker_connection_name(self.worker_id, incarnation, number)
+
+        def announced(answer: Any) -> None:
+            if isinstance(answer, ZkError):
+                gone = not isinstance(answer, ConnectionLoss)
+                self._drop_connection()
+                self.post(ev.LinkFailed(type(answer).__name__, registration_gone=gone))
+                return
+            self._read_assignment_then(lambda: self._link_up(ev.LinkUp(connection)))
+
+        def announce(zk: ZooKeeper, session: int, data: bytes) -> None:
+            _announce(zk, session, self.worker_id, incarnation, data)
+
+        # The runtime's number of the connection (events name it), not ``number`` (its name's).
+        connection = self._open_and_write(name, incarnation, ev.LinkFailed, announce, announced)
+
+    def _link_up(self, announced: ev.Registered | ev.LinkUp) -> None:
+        """A new connection is announced (by the first registration of an incarnation, or by
+        rewriting it): the machine is told, then a fault armed for this moment strikes."""
+        self.post(announced)
+        if self.on_link_up is not None:
+            armed, self.on_link_up = self.on_link_up, None
+            armed()
+
+    def _read_assignment_then(self, then: Callable[[], None]) -> None:
+        def take(answer: Any) -> None:
+            if isinstance(answer, NoNode):
+                self.post(ev.AssignmentRead(-1, None))
+            elif isinstance(answer, ZkError):
+                self._drop_connection()
+                self.post(ev.LinkFailed(type(answer).__name__))
+                return
+            else:
+                data, stat = answer
+                self.post(ev.AssignmentRead(stat.mzxid, Assignment.decode(data)))
+            then()
+
+        self.client.call(lambda zk, _: zk.get(PATHS.assignment(self.worker_id)), self.bound(take))
+
+    def _confirm(self, asked: int) -> None:
+        incarnation = self.machine.incarnation
+
+        def verdict(answer: Any) -> None:
+            if isinstance(answer, NoNode | SessionExpired):
+                found = ev.Session.LOST
+            elif isinstance(answer, ZkError):
+                found = ev.Session.SUSPENDED
+            else:
+                data, stat = answer
+                ours = stat.owner == self.client.session
+                current = Registration.decode(data).incarnation == incarnation
+                found = ev.Session.CONNECTED if ours and current else ev.Session.LOST
+            self.post(ev.SessionConfirmed(asked, found))
+
+        def arrived(answer: Any) -> None:
+            # The answer is queued for the loop; a process stopped right then takes it only
+            # after it resumes (an armed fault does exactly that).
+            if self.on_confirm is not None:
+                armed, self.on_confirm = self.on_confirm, None
+                armed()
+            self.run(lambda: verdict(answer))
+
+        self.client.call(lambda zk, _: zk.get(PATHS.worker(self.worker_id)), arrived)
+
+    def _write_release(self, action: ev.WriteRelease) -> None:
+        release = Release(self.worker_id, action.incarnation, action.bucket, action.epoch).encode()
+        path = PATHS.release(action.bucket, action.epoch)
+
+        def written(answer: Any) -> None:
+            ok = not isinstance(answer, ZkError) or isinstance(answer, NodeExists)
+            self.post(ev.ReleaseWritten(action.lease, ok, "" if ok else type(answer).__name__))
+
+        self.client.call(lambda zk, _: zk.create(path, release), self.bound(written))
+
+    def _deregister(self) -> None:
+        self.client.call(lambda zk, _: zk.delete(PATHS.worker(self.worker_id)), lambda _: None)
+
+    def _finish(self) -> None:
+        if not self.told_to_stop:
+            raise Violation(f"worker {self.name} ended without being told to stop")
+        self.stopped = True
+        self.client.close()
+        self._drop_connection()
+        self.kill()
+
+    # ------------------------------------------------------------ AMQP
+    def _drop_connection(self) -> None:
+        if self.connection is not None:
+            connection, self.connection = self.connection, None
+            connection.close()
+            self.runner.connection_gone(connection)
+
+    def connection_closed(self, connection: Connection, number: int) -> None:
+        if connection is self.connection:
+            self.connection = None
+            self.runner.connection_gone(connection)
+        self.post(ev.LinkLost(number))
+
+
+class _Client:
+    """The broker's calls into the worker, each run inside its process."""
+
+    def __init__(self, worker: SimWorker, number: int) -> None:
+        self._worker = worker
+        self._runner = worker.runner  # its leases, which deliveries and lost channels concern
+        self.number = number
+        self.connection: Connection | None = None
+
+    def delivered(self, channel: int, tag: int, msg: Msg, redelivered: bool) -> None:
+        self._worker.run(lambda: self._runner.delivered(self._conn(), channel, tag, msg))
+
+    def channel_closed(self, channel: int, reason: str) -> None:
+        timeout = "timed out" in reason
+        self._worker.run(lambda: self._runner.channel_lost(self._conn(), channel, reason, timeout))
+
+    def consumer_cancelled(self, channel: int) -> None:
+        self._worker.run(
+            lambda: self._runner.channel_lost(self._conn(), channel, "consumer cancelled", False)
+        )
+
+    def connection_closed(self, reason: str) -> None:
+        if "fenced" in reason:
+            self._worker.was_fenced = True
+        self._worker.run(lambda: self._worker.connection_closed(self._conn(), self.number))
+
+    def _conn(self) -> Connection:
+        assert self.connection is not None
+        return self.connection
+
+
+def _register(zk: ZooKeeper, session: int, worker_id: str, data: bytes) -> None:
+    """``Membership._create_registration``: create the ephemeral registration, or take over
+    one of this session."""
+    path = PATHS.worker(worker_id)
+    try:
+        zk.create(path, data, session)
+    except NodeExists:
+        _, stat = zk.get(path)
+        if stat.owner != session:
+            raise
+        zk.set(path, data)
+
+
+def _announce(zk: ZooKeeper, session: int, worker_id: str, incarnation: str, data: bytes) -> None:
+    """``Membership._replace_registration``: a checked set of our own registration."""
+    path = PATHS.worker(worker_id)
+    current, stat = zk.get(path)
+    if stat.owner != session or Registration.decode(current).incarnation != incarnation:
+        raise NoNode(path)
+    zk.set(path, data, stat.version)

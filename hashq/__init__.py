@@ -12,18 +12,21 @@ from hashq.errors import (
     ServiceUnavailable,
     SettingsError,
     TopologyMismatch,
+    Undecodable,
 )
-from hashq.message import Message
+from hashq.message import Handler, Message
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings, WorkerSettings, load_settings
 from hashq.topology import Topology
+from hashq.worker.runtime import Worker, WorkerState
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BatchPublishError",
     "ConfigError",
+    "Handler",
     "HashqError",
     "InvalidMessage",
     "Message",
@@ -38,7 +41,10 @@ __all__ = [
     "SettingsError",
     "Topology",
     "TopologyMismatch",
+    "Undecodable",
+    "Worker",
     "WorkerSettings",
+    "WorkerState",
     "ensure_topology",
     "load_settings",
 ]

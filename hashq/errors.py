@@ -4,6 +4,10 @@
 - ``ServiceUnavailable``: RabbitMQ or ZooKeeper cannot be reached now; retry later.
 - ``PublishError``: one or more messages were not confirmed; decide per message
   (retry, which may duplicate, or give up).
+- ``Undecodable``: one delivered message cannot be handled as it is; it is dead-lettered and
+  its key goes on.
+- ``Superseded``: this process's standing in ZooKeeper ended (its session expired, another
+  leader took over); what it held is no longer its own, and it begins again.
 
 Every message is one line and never contains a secret.
 """
@@ -78,6 +82,26 @@ class PublishUnconfirmed(PublishError):
     The message may or may not be queued: publishing again is safe for order only if the
     handler tolerates the duplicate (delivery is at-least-once anyway).
     """
+
+
+# ---------------------------------------------------------------- one message, not the system
+class Undecodable(HashqError):
+    """Raised when a delivered body does not decode with the worker's codec."""
+
+
+# ---------------------------------------------------------------- begin again
+class Superseded(HashqError):
+    """Raised when what this process held in ZooKeeper is no longer its own."""
+
+
+class RegistrationGone(Superseded):
+    """Raised when a worker's registration is no longer its incarnation's (the session
+    expired, or another process registered the worker id)."""
+
+
+class Deposed(Superseded):
+    """Raised when a write of a coordinator was refused because another leads now, or its
+    session ended: it must stop acting as leader."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""What a handler receives."""
+"""What a handler receives, and what a handler is."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,3 +46,10 @@ class Message:
         out): stop, and do not write anything on its behalf. Async handlers are also cancelled;
         plain functions running in a thread should check this."""
         return self._cancel_event is not None and self._cancel_event.is_set()
+
+
+Handler = Callable[[Message], Awaitable[None] | None]
+"""What a worker runs for each message: an async function (it runs on the worker's event loop
+and is cancelled when its bucket is cut off) or a plain one (it runs in the worker's thread pool
+and should watch ``Message.cancelled``). Returning acknowledges the message; raising retries it
+(``HASHQ_MAX_ATTEMPTS``, ``HASHQ_ON_FAILURE``)."""

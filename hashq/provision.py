@@ -39,7 +39,7 @@ async def ensure_topology(settings: Settings, *, check_bindings: bool = True) ->
     Raises ``TopologyMismatch`` (nothing changed) or ``ServiceUnavailable``.
     """
     topology = Topology.from_settings(settings)
-    zk = await asyncio.to_thread(connect_zk, settings)
+    zk = await asyncio.to_thread(connect_zk, settings, "coordinator")
     try:
         recorded = await asyncio.to_thread(read_record, zk, topology)
         if recorded is not None:
@@ -89,9 +89,8 @@ def write_record(zk: KazooClient, topology: Topology) -> None:
     try:
         zk.create(topology.zk_topology, topology.to_record(), makepath=True)
     except NodeExistsError:
-        recorded = read_record(zk, topology)
-        assert recorded is not None
-        topology.require_same(recorded)
+        data, _ = zk.get(topology.zk_topology)  # records are never deleted by hashq
+        topology.require_same(Topology.from_record(data))
 
 
 async def ensure_ring(connection: AbstractConnection, topology: Topology) -> None:

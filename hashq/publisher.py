@@ -253,7 +253,6 @@ class Publisher:
             if not connection_usable(self._connection):
                 await self.close()
                 self._connection = await connect_amqp(self._settings, self.connection_name)
-            assert self._connection is not None
             try:
                 underlay = await asyncio.wait_for(
                     self._open_channel(self._connection), self._settings.connect_timeout

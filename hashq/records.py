@@ -169,7 +169,7 @@ class BucketRecord:
     (``revoking``, ``fencing``), ``target`` names the worker it goes to and ``since`` (Unix
     time) when the move began, so that a new leader continues a half-done handover."""
 
-    state: str = BucketState.UNASSIGNED.value
+    state: BucketState = BucketState.UNASSIGNED
     owner: str | None = None
     incarnation: str | None = None
     epoch: int = 0
@@ -177,15 +177,23 @@ class BucketRecord:
     since: float = 0.0
 
     def encode(self) -> bytes:
-        return _encode(self)
+        fields = asdict(self)
+        fields["state"] = self.state.value
+        return json.dumps(fields, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> BucketRecord:
-        return cls(**_fields(data, "bucket", cls))
+        fields = _fields(data, "bucket", cls)
+        try:
+            state = BucketState(fields.pop("state", BucketState.UNASSIGNED.value))
+        except ValueError:
+            raise ValueError("unreadable bucket record: unknown state") from None
+        return cls(state, **fields)
 
     @property
-    def bucket_state(self) -> BucketState:
-        return BucketState(self.state)
+    def moving(self) -> bool:
+        """Revoking or fencing: taken from ``owner``, not yet granted to ``target``."""
+        return self.state in (BucketState.REVOKING, BucketState.FENCING)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
-"""The record every demo and chaos handler keeps of what it executed."""
+"""The records that handlers of the tests, the demo and the chaos run keep of what they
+executed, one JSON line per execution, and the readers of such files (the checker's, the
+benchmark's)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 _descriptors: dict[str, int] = {}
 
@@ -20,3 +25,50 @@ def append_record(variable: str, entry: dict[str, object]) -> None:
     if path not in _descriptors:
         _descriptors[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.write(_descriptors[path], (json.dumps(entry) + "\n").encode())
+
+
+def read_appended(path: Path) -> list[dict[str, Any]]:
+    """The records in a file that processes append to one JSON line at a time.
+
+    A reader can see the first part of a write before its rest (the kernel copies a write page
+    by page), and a kill -9 during a write leaves its first part for good, with the next record
+    appended to it. So the last line counts only once its newline is there, and a torn line
+    gives the one complete record that ends it, if any.
+    """
+    if not path.exists():
+        return []
+    complete, _, _ = path.read_text(errors="replace").rpartition("\n")
+    return parse_complete_lines(complete)
+
+
+def read_all(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """The records of every file in ``paths`` (``read_appended``), one file after the other."""
+    return [row for path in paths for row in read_appended(path)]
+
+
+def count_lines(path: Path) -> int:
+    """How many lines ``path`` holds (0 if it does not exist): a cheap progress count of an
+    appended file, without parsing it."""
+    if not path.exists():
+        return 0
+    with path.open("rb") as lines:
+        return sum(1 for _ in lines)
+
+
+def parse_complete_lines(text: str) -> list[dict[str, Any]]:
+    """The records in ``text``, complete lines of a file appended to as ``read_appended``
+    describes."""
+    rows = (_parse_torn(line) for line in text.split("\n") if line.strip())
+    return [row for row in rows if row is not None]
+
+
+def _parse_torn(line: str) -> dict[str, Any] | None:
+    start = 0
+    while start != -1:
+        try:
+            row = json.loads(line[start:])
+        except json.JSONDecodeError:
+            start = line.find("{", start + 1)
+            continue
+        return row if isinstance(row, dict) else None
+    return None

@@ -1,6 +1,7 @@
-"""Processes started for a demo, a chaos run or a benchmark: each one gets the settings'
-environment (and nothing else of the caller's ``HASHQ_*`` variables), its own log file and a
-name by which it can be signalled later. And the removal of what such a run created."""
+"""The one process launcher of the tests and the tools: ``python -m <module> ...`` as a real
+process (so that kill -9, SIGSTOP and SIGTERM are real), with the settings' environment (and
+nothing else of the caller's ``HASHQ_*`` variables) and a log file of its own; a ``Fleet`` of
+them by name. And the removal of what such a run created."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from hashq._io.amqp import connect_amqp, connection_name
 from hashq._io.zk import close_zk, connect_zk
 from hashq.settings import Settings
 from hashq.topology import Topology
+from tools import ROOT
+from tools.polling import wait_until
+
+
+def child_environment(settings: Settings, **extra: str) -> dict[str, str]:
+    """This process's environment without its own ``HASHQ_`` variables, plus ``settings``'."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HASHQ_")}
+    return {**env, **settings.environment(), **extra}
 
 
 def process_state(pid: int) -> str:
@@ -27,76 +35,100 @@ def process_state(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
-class Fleet:
-    """Named child processes; ``python -m <module> ...`` each, logging to ``<logs>/<name>.log``."""
+class Child:
+    """One ``python <argv>`` process, run from the repository's root (where ``-m`` finds the
+    tools and the tests), writing stdout and stderr to ``log``."""
 
-    def __init__(
-        self, settings: Settings, logs: Path, extra: dict[str, str], cwd: Path | None = None
-    ) -> None:
-        self._env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("HASHQ_")},
-            **settings.environment(),
-            **extra,
-        }
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        self._log_file = log.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, *argv],
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, number: int) -> bool:
+        """Send ``number``; False if the process had already exited."""
+        if not self.alive:
+            return False
+        self.process.send_signal(number)
+        return True
+
+    def freeze(self, within: float = 5.0) -> bool:
+        """SIGSTOP, then wait until the kernel reports the process stopped (the signal is
+        delivered asynchronously: until then it may still start work). False if it exited or
+        did not stop within ``within`` seconds."""
+        if not self.signal(signal.SIGSTOP):
+            return False
+        stopped = wait_until(
+            lambda: process_state(self.pid) in ("T", "t") or not self.alive,
+            within,
+            every=0.001,
+            or_last=True,
+        )
+        return bool(stopped) and self.alive
+
+    def wait(self, within: float) -> int | None:
+        """Wait up to ``within`` seconds for the process to exit: its exit status, or None."""
+        try:
+            return self.process.wait(max(0.0, within))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL (a frozen process too), and wait until it is gone."""
+        self.signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        """Kill it if it still runs, and close its log."""
+        self.kill()
+        self._log_file.close()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class Fleet:
+    """Named children, each logging to ``<logs>/<name>.log``, each with ``HASHQ_WORKER_ID``
+    set to its name."""
+
+    def __init__(self, settings: Settings, logs: Path, extra: dict[str, str]) -> None:
+        self._env = child_environment(settings, **extra)
         self._logs = logs
-        self._cwd = cwd  # where ``-m`` finds modules outside the installed package
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, Child] = {}
 
     def start(self, name: str, *argv: str) -> str:
-        log = (self._logs / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(
-            [sys.executable, *argv],
-            env={**self._env, "HASHQ_WORKER_ID": name},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self._cwd,
-        )
+        env = {**self._env, "HASHQ_WORKER_ID": name}
+        self.processes[name] = Child(name, list(argv), env, self._logs / f"{name}.log")
         return name
 
     def alive(self, prefix: str) -> list[str]:
-        return [
-            name
-            for name, process in self.processes.items()
-            if name.startswith(prefix) and process.poll() is None
-        ]
+        return [n for n, child in self.processes.items() if n.startswith(prefix) and child.alive]
 
     def signal(self, name: str, number: int) -> bool:
-        """Send ``number`` to ``name``; False if it had already exited."""
-        if self.processes[name].poll() is not None:
-            return False
-        self.processes[name].send_signal(number)
-        return True
-
-    def frozen(self, name: str, within: float = 5.0) -> bool:
-        """Whether ``name`` is stopped (SIGSTOP) within ``within`` seconds: the signal is
-        delivered asynchronously, so a process may still run a little after it was sent."""
-        deadline = time.monotonic() + within
-        while process_state(self.processes[name].pid) not in ("T", "t"):
-            if time.monotonic() > deadline or self.processes[name].poll() is not None:
-                return False
-            time.sleep(0.001)
-        return True
-
-    def wait(self, name: str, within: float) -> bool:
-        """Wait up to ``within`` seconds for ``name`` to exit; True if it did."""
-        try:
-            self.processes[name].wait(max(0.0, within))
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+        return self.processes[name].signal(number)
 
     def stop_all(self, within: float = 45) -> None:
         """SIGCONT and SIGTERM to all, then SIGKILL to whatever is left after ``within``."""
-        for name in self.processes:
-            self.signal(name, signal.SIGCONT)
-            self.signal(name, signal.SIGTERM)
-        deadline = time.monotonic() + within
-        for process in self.processes.values():
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        for child in self.processes.values():
+            child.signal(signal.SIGCONT)
+            child.signal(signal.SIGTERM)
+        wait_until(lambda: not any(c.alive for c in self.processes.values()), within, or_last=True)
+        for child in self.processes.values():
+            child.stop()
 
 
 async def remove(settings: Settings, queues: list[str], exchanges: list[str], zk_path: str) -> None:
@@ -108,7 +140,7 @@ async def remove(settings: Settings, queues: list[str], exchanges: list[str], zk
             await channel.queue_delete(queue)
         for exchange in exchanges:
             await channel.exchange_delete(exchange)
-    zk = await asyncio.to_thread(connect_zk, settings)
+    zk = await asyncio.to_thread(connect_zk, settings, "coordinator")
     try:
         await asyncio.to_thread(zk.delete, zk_path, recursive=True)
     finally:

@@ -14,15 +14,13 @@ from collections.abc import Sequence
 
 from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq._io.logs import add_context
-from hashq.settings import Settings
-from hashq_coordinator.service import Coordinator
+from hashq_coordinator.runtime import Coordinator
 from hashq_coordinator.settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
 
 
-async def serve(settings: Settings, args: argparse.Namespace) -> int:
-    assert isinstance(settings, CoordinatorSettings)
+async def serve(settings: CoordinatorSettings, args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
-from hashq.errors import HashqError
+from hashq.errors import Deposed
 from hashq.records import (
     Assignment,
     BucketRecord,
@@ -22,11 +22,6 @@ from hashq.records import (
     Registration,
     parse_release_name,
 )
-
-
-class Deposed(HashqError):
-    """Raised when a write of this coordinator was refused because another leads now, or its
-    session ended: it must stop acting as leader."""
 
 
 @dataclass(frozen=True)

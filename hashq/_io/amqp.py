@@ -17,6 +17,7 @@ import os
 import random
 import socket
 import uuid
+from typing import TypeGuard
 
 import aio_pika
 from aio_pika.abc import AbstractConnection
@@ -72,7 +73,7 @@ async def _connect(url: str, settings: Settings, name: str) -> AbstractConnectio
         ) from None
 
 
-def connection_usable(connection: AbstractConnection | None) -> bool:
+def connection_usable(connection: AbstractConnection | None) -> TypeGuard[AbstractConnection]:
     """True while ``connection`` can carry frames. After a server-forced close aio-pika may
     leave ``is_closed`` False; the underlying aiormq connection tells."""
     if connection is None or connection.is_closed:

@@ -14,14 +14,15 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from hashq._io import logs
 from hashq._io.tls import tls_context
 from hashq.errors import ConfigError, HashqError
 from hashq.settings import Settings, load_settings
 
-Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
+S = TypeVar("S", bound=Settings)
+Command = Callable[[S, argparse.Namespace], Coroutine[Any, Any, int]]  # settings, args -> status
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -50,7 +51,7 @@ def settings_flags(kind: type[Settings] = Settings) -> argparse.ArgumentParser:
     return parent
 
 
-def settings_from_args(args: argparse.Namespace, kind: type[Settings] = Settings) -> Settings:
+def settings_from_args(args: argparse.Namespace, kind: type[S]) -> S:
     given: dict[str, Any] = {
         name.removeprefix("setting_"): value
         for name, value in vars(args).items()
@@ -97,9 +98,7 @@ def run_loop(main: Coroutine[Any, Any, int], choice: str) -> int:
     return asyncio.run(main)
 
 
-def run_command(
-    command: Command, args: argparse.Namespace, prog: str, kind: type[Settings] = Settings
-) -> int:
+def run_command(command: Command[S], args: argparse.Namespace, prog: str, kind: type[S]) -> int:
     """Run ``command`` with settings built from ``args``; map errors to one line and a status."""
     try:
         settings = settings_from_args(args, kind)

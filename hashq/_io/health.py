@@ -30,35 +30,27 @@ MAX_HEADER_LINES = 100
 
 
 class HealthServer:
-    """Serves ``registry`` and ``ready`` on ``host``:``port`` until closed."""
+    """Serves ``registry`` and ``ready`` until closed; made listening by ``serve``."""
 
-    def __init__(self, registry: CollectorRegistry, ready: Readiness, host: str, port: int):
+    def __init__(self, registry: CollectorRegistry, ready: Readiness) -> None:
         self._registry = registry
         self._ready = ready
-        self._host = host
-        self._port = port
-        self._server: asyncio.Server | None = None
 
-    async def start(self) -> None:
+    @classmethod
+    async def serve(
+        cls, registry: CollectorRegistry, ready: Readiness, host: str, port: int
+    ) -> Listening:
+        """Listen on ``host``:``port`` (0: a port the system chooses)."""
+        handler = cls(registry, ready)
         try:
-            self._server = await asyncio.start_server(self._serve, self._host, self._port)
+            server = await asyncio.start_server(handler._serve, host, port)
         except OSError as exc:
             raise ConfigError(
-                f"cannot serve metrics on {self._host}:{self._port}: {exc.strerror or exc}"
+                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
             ) from None
-        log.info("metrics and health on http://%s:%d/metrics", self._host, self.port)
-
-    @property
-    def port(self) -> int:
-        """The port listened on (the one chosen by the system when asked for 0)."""
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+        listening = Listening(server)
+        log.info("metrics and health on http://%s:%d/metrics", host, listening.port)
+        return listening
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -101,15 +93,32 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+class Listening:
+    """A started ``HealthServer``."""
+
+    def __init__(self, server: asyncio.Server) -> None:
+        self._server = server
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one chosen by the system when asked for 0)."""
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+
 @contextlib.asynccontextmanager
 async def health_endpoints(
     settings: ServiceSettings, registry: CollectorRegistry, ready: Readiness
-) -> AsyncIterator[HealthServer | None]:
+) -> AsyncIterator[Listening | None]:
     """The endpoints, served while the block runs, if ``settings.metrics_port`` asks for them."""
     server = None
     if settings.metrics_port is not None:
-        server = HealthServer(registry, ready, settings.metrics_host, settings.metrics_port)
-        await server.start()
+        port, host = settings.metrics_port, settings.metrics_host
+        server = await HealthServer.serve(registry, ready, host, port)
     try:
         yield server
     finally:

@@ -1,7 +1,8 @@
 """A small client for the RabbitMQ management HTTP API (standard library only).
 
-Used to read what AMQP cannot tell (bindings, connections), and by operators' tools to cut off
-a connection. Calls are blocking; run them with ``asyncio.to_thread`` from async code.
+Used to read what AMQP cannot tell (bindings, connections, queue depths); the coordinator's
+fence also closes connections through it (``hashq_coordinator.fencing.cutoff``). Calls are
+blocking; run them with ``asyncio.to_thread`` from async code.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from hashq.errors import ServiceUnavailable
 from hashq.settings import Settings, redact_url
 
 
-class _Unreachable(Exception):
-    """A node's management API did not answer, or answered that it cannot serve now."""
+class _Unreachable(ServiceUnavailable):
+    """A node's management API did not answer, or answered that it cannot serve now (the next
+    node is asked; when none answers, ``ServiceUnavailable`` names them all)."""
 
 
 def without_credentials(url: str) -> str:
@@ -121,9 +123,3 @@ class Management:
     def connections(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.request("GET", "/api/connections")
         return result
-
-    def close_connection(self, name: str, reason: str) -> None:
-        """Force-close the connection called ``name``; its unacked messages return to queues."""
-        self.request(
-            "DELETE", f"/api/connections/{quote(name, safe='')}", headers={"X-Reason": reason}
-        )

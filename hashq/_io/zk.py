@@ -31,7 +31,7 @@ from hashq.settings import Settings
 log = logging.getLogger(__name__)
 
 
-Role = Literal["coordinator", "worker"]
+Writer = Literal["coordinator", "worker"]  # whose ACL the nodes a client creates get
 
 
 def acl(settings: Settings, kind: Literal["coordinators", "shared", "workers"]) -> list[ACL] | None:
@@ -48,13 +48,21 @@ def acl(settings: Settings, kind: Literal["coordinators", "shared", "workers"]) 
     return [coordinators, ACL(workers, make_acl("digest", settings.zk_acl_workers).id)]
 
 
-def connect_zk(settings: Settings, role: Role = "coordinator") -> KazooClient:
+def connect_zk(settings: Settings, writer: Writer) -> KazooClient:
     """A started kazoo client for ``settings.zk_hosts`` (blocking; run it in a thread). Nodes it
-    creates get the ACL of what ``role`` writes unless a call says otherwise."""
-    client = KazooClient(
+    creates get the ACL of what ``writer`` writes unless a call says otherwise. ``hashq init``
+    and the tools write as the coordinator does: the topology record and the folders."""
+    client = zk_client(settings, writer)
+    start_zk(client, settings)
+    return client
+
+
+def zk_client(settings: Settings, writer: Writer) -> KazooClient:
+    """A kazoo client for ``settings.zk_hosts``, not connected yet (``start_zk``)."""
+    return KazooClient(
         hosts=settings.zk_hosts,
         auth_data=[("digest", settings.zk_auth)] if settings.zk_auth else None,
-        default_acl=acl(settings, "coordinators" if role == "coordinator" else "workers"),
+        default_acl=acl(settings, "coordinators" if writer == "coordinator" else "workers"),
         timeout=settings.zk_session_timeout,
         # Never give up reconnecting: with a bounded retry policy kazoo closes the client for
         # good when ZooKeeper is down a little longer (seen in a chaos run: a 1 s restart of
@@ -62,6 +70,10 @@ def connect_zk(settings: Settings, role: Role = "coordinator") -> KazooClient:
         connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 2},
         logger=logging.getLogger("hashq.kazoo"),
     )
+
+
+def start_zk(client: KazooClient, settings: Settings) -> None:
+    """Connect ``client`` (blocking), or ``ServiceUnavailable`` within the connect timeout."""
     try:
         client.start(timeout=settings.connect_timeout)
     except KazooTimeoutError:
@@ -69,7 +81,6 @@ def connect_zk(settings: Settings, role: Role = "coordinator") -> KazooClient:
         raise ServiceUnavailable(
             f"ZooKeeper at {settings.zk_hosts} did not answer within {settings.connect_timeout:g}s"
         ) from None
-    return client
 
 
 def close_zk(client: KazooClient) -> None:

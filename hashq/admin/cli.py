@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq.admin import commands as admin
+from hashq.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging_from_args(args)
-    return run_command(args.func, args, parser.prog)
+    return run_command(args.func, args, parser.prog, Settings)
 
 
 if __name__ == "__main__":

@@ -90,10 +90,10 @@ async def dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "replay" and chosen is None:
         raise ConfigError("replay needs --id, --key, --reason or --all to say which")
 
-    def decide(letter: dlq.DeadLetter) -> dlq.Decision:
+    def decide(letter: dlq.DeadLetter) -> dlq.Fate:
         if chosen is not None and chosen(letter):
-            return dlq.Decision.REPLAY
-        return dlq.Decision.KEEP
+            return dlq.Fate.REPLAY
+        return dlq.Fate.KEEP
 
     result = await dlq.walk(settings, decide)
     if args.action == "list":

@@ -26,7 +26,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 from hashq._io.amqp import connect_amqp, connection_name
-from hashq.errors import HashqError, PublishUnconfirmed
+from hashq.errors import MessageNacked, PublishUnconfirmed
 from hashq.settings import Settings
 from hashq.topology import Topology
 
@@ -34,7 +34,9 @@ FAILURE_PREFIX = "x-hashq-"
 REPLAYED = "x-hashq-replayed"
 
 
-class Decision(enum.Enum):
+class Fate(enum.Enum):
+    """What ``walk`` does with each dead letter."""
+
     KEEP = "keep"
     REPLAY = "replay"
 
@@ -90,7 +92,7 @@ class Walk:
     replayed: int = 0
 
 
-async def walk(settings: Settings, decide: Callable[[DeadLetter], Decision]) -> Walk:
+async def walk(settings: Settings, decide: Callable[[DeadLetter], Fate]) -> Walk:
     """Take every message queued now off the dead-letter queue, once, and keep or replay it."""
     topology = Topology.from_settings(settings)
     connection = await connect_amqp(settings, connection_name("dead-letters"))
@@ -105,7 +107,7 @@ async def walk(settings: Settings, decide: Callable[[DeadLetter], Decision]) -> 
                 break  # emptied by someone else meanwhile
             letter = DeadLetter.of(position, got)
             result.seen.append(letter)
-            if decide(letter) is Decision.REPLAY:
+            if decide(letter) is Fate.REPLAY:
                 await _confirmed(channel, topology.exchange, letter.key, _replayed(got))
                 result.replayed += 1
             else:
@@ -169,7 +171,11 @@ async def _confirmed(
             message_id=str(properties.message_id),
         ) from None
     if not isinstance(outcome, spec.Basic.Ack):
-        raise HashqError(f"the broker refused message {properties.message_id}; it stays put")
+        raise MessageNacked(
+            "refused by the broker; the message stays in the dead-letter queue",
+            key=routing_key,
+            message_id=str(properties.message_id),
+        )
 
 
 def render(letters: list[DeadLetter]) -> str:

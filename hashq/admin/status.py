@@ -21,7 +21,7 @@ from hashq._io.amqp import connect_amqp, connection_name
 from hashq._io.zk import close_zk, connect_zk
 from hashq.errors import TopologyMismatch
 from hashq.provision import read_record
-from hashq.records import BucketRecord, Leadership, Paths, Registration
+from hashq.records import BucketRecord, BucketState, Leadership, Paths, Registration
 from hashq.settings import Settings
 from hashq.topology import Topology
 
@@ -58,15 +58,13 @@ class AppStatus:
 
     @property
     def in_transit(self) -> list[int]:
-        return [
-            b for b in range(len(self.buckets)) if self.record(b).state in ("revoking", "fencing")
-        ]
+        return [b for b in range(len(self.buckets)) if self.record(b).moving]
 
     def held_by(self, worker: str) -> list[int]:
         return [
             b
             for b in range(len(self.buckets))
-            if self.record(b).state == "granted" and self.record(b).owner == worker
+            if self.record(b).state is BucketState.GRANTED and self.record(b).owner == worker
         ]
 
     def to_json(self) -> dict[str, Any]:
@@ -93,7 +91,7 @@ class AppStatus:
 
 def _ownership_json(record: BucketRecord) -> dict[str, Any]:
     return {
-        "state": record.state,
+        "state": record.state.value,
         "owner": record.owner,
         "epoch": record.epoch,
         "target": record.target,
@@ -101,7 +99,7 @@ def _ownership_json(record: BucketRecord) -> dict[str, Any]:
 
 
 async def gather_status(settings: Settings) -> AppStatus:
-    zk = await asyncio.to_thread(connect_zk, settings)
+    zk = await asyncio.to_thread(connect_zk, settings, "coordinator")
     try:
         recorded = await asyncio.to_thread(read_record, zk, Topology.from_settings(settings))
         if recorded is None:
@@ -168,7 +166,7 @@ def render_table(status: AppStatus) -> str:
         owner = str(record.owner or "-") + (f" -> {record.target}" if record.target else "")
         messages = "missing" if state.messages < 0 else f"{state.messages:,}"
         lines.append(
-            f"{index:>6}  {record.state:<10} {owner:<24} {record.epoch:>5} {messages:>10} "
+            f"{index:>6}  {record.state.value:<10} {owner:<24} {record.epoch:>5} {messages:>10} "
             f"{state.consumers:>9}  {state.name}"
         )
     return "\n".join(lines)

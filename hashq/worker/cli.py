@@ -20,8 +20,8 @@ from typing import Any
 from hashq._io.command import EXIT_INTERRUPTED, logging_from_args, run_command, settings_flags
 from hashq._io.logs import add_context
 from hashq.errors import ConfigError
-from hashq.settings import Settings, WorkerSettings
-from hashq.worker.runners import Handler
+from hashq.message import Handler
+from hashq.settings import WorkerSettings
 from hashq.worker.runtime import Worker
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,7 @@ def load_handler(spec: str) -> Handler:
     return result
 
 
-async def serve(settings: Settings, args: argparse.Namespace) -> int:
-    assert isinstance(settings, WorkerSettings)
+async def serve(settings: WorkerSettings, args: argparse.Namespace) -> int:
     handler = load_handler(args.handler)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

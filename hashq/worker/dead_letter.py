@@ -11,8 +11,9 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
+from hashq.errors import ServiceUnavailable
 from hashq.topology import Topology
-from hashq.worker.bucket import Job
+from hashq.worker.jobs import Job
 
 TRACEBACK_CHARS = 2000
 
@@ -64,7 +65,7 @@ class DeadLetters:
     async def publish(self, job: Job, reason: str, error: BaseException | None) -> None:
         """Raises if the broker did not confirm; then the original must not be acknowledged."""
         if self._exchange is None or self._channel is None or self._channel.is_closed:
-            raise ConnectionError("no channel for dead letters")
+            raise ServiceUnavailable("no channel for dead letters")
         properties = job.delivery.header.properties
         message = aio_pika.Message(
             body=job.delivery.body,

@@ -1,5 +1,5 @@
 """Running handlers: a fixed pool of runner tasks takes ready jobs and, for each, calls the
-handler, then acknowledges, schedules a retry, or dead-letters.
+handler; what follows (acknowledge, retry, dead-letter) is ``hashq.worker.jobs.Outcomes``.
 
 No task per message: ``concurrency`` runners pull from one queue. A retry does not hold a runner
 while it waits; the job comes back to the queue when its delay is over, and its key's lane stays
@@ -11,26 +11,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from hashq._io.logs import key_for_log
-from hashq.message import Message
-from hashq.worker.bucket import Job
+from hashq.errors import Undecodable
+from hashq.message import Handler, Message
 from hashq.worker.dead_letter import DeadLetters
+from hashq.worker.jobs import Job, Outcomes
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
-
-log = logging.getLogger(__name__)
-
-Handler = Callable[[Message], Awaitable[None] | None]
-
-
-class Undecodable(Exception):
-    """Raised when a body does not decode with the chosen codec."""
 
 
 class Runners:
@@ -54,19 +45,26 @@ class Runners:
             getattr(handler, "__call__", None)  # noqa: B004 - async callable objects too
         )
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hashq-handler")
-        self._policy = policy
-        self._dead_letters = dead_letters
         self._codec = codec
         self._awake = awake
         self._metrics = metrics
-        self._keys_in_clear = keys_in_clear
-        self._debug = log.isEnabledFor(logging.DEBUG)  # once: the check costs on the hot path
+        self._outcomes = Outcomes(policy, dead_letters, metrics, self.dispatch, keys_in_clear)
         self._ready: asyncio.Queue[Job] = asyncio.Queue()
         self._may_start = asyncio.Event()
         self._may_start.set()
         self._closing = False
-        self._tasks = [asyncio.ensure_future(self._run()) for _ in range(concurrency)]
-        self.processed = 0
+        self._concurrency = concurrency
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start the runner tasks (on the running loop)."""
+        self._outcomes.notice_log_level()
+        self._tasks = [asyncio.ensure_future(self._run()) for _ in range(self._concurrency)]
+
+    @property
+    def processed(self) -> int:
+        """Messages acknowledged after their handler returned or they were dead-lettered."""
+        return self._outcomes.processed
 
     def dispatch(self, job: Job) -> None:
         self._ready.put_nowait(job)
@@ -82,9 +80,10 @@ class Runners:
         self._closing = True
         for task in self._tasks:
             task.cancel()
-        _, stuck = await asyncio.wait(self._tasks, timeout=1.0)
-        for task in stuck:  # a runner waiting for a handler thread that does not return
-            task.cancel()
+        if self._tasks:
+            _, stuck = await asyncio.wait(self._tasks, timeout=1.0)
+            for task in stuck:  # a runner waiting for a handler thread that does not return
+                task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ one job
@@ -108,10 +107,10 @@ class Runners:
         try:
             message = self._message(job)
         except Undecodable as exc:
-            await self._dead_letter(job, "undecodable", exc)
+            await self._outcomes.dead_letter(job, "undecodable", exc)
             return
         lease.started(job)
-        job.handler_task, job.message = me, message  # a closing lease may cut it off now
+        job.running(me, message)  # a closing lease may cut it off now
         began = time.perf_counter()
         try:
             await self._call(message)
@@ -122,13 +121,13 @@ class Runners:
             lease.dropped(job)
             return
         except Exception as exc:
-            job.handler_task = None
+            job.returned()
             self._metrics.handler_seconds.observe(time.perf_counter() - began)
-            await self._failed(job, exc)
+            await self._outcomes.failed(job, exc)
             return
-        job.handler_task = None
+        job.returned()
         self._metrics.handler_seconds.observe(time.perf_counter() - began)
-        await self._settle(job)
+        self._outcomes.settle(job)
 
     async def _call(self, message: Message) -> None:
         if self._is_async:
@@ -177,69 +176,6 @@ class Runners:
             attempt=job.attempt,
             data=data,
         )
-
-    # ------------------------------------------------------------ outcomes
-    async def _settle(self, job: Job) -> None:
-        if job.lease.ack(job):
-            self.processed += 1
-            self._metrics.processed[job.lease.bucket] += 1
-            if self._debug:
-                log.debug(
-                    "bucket %d epoch %d: message %s of key %s done",
-                    job.lease.bucket,
-                    job.lease.epoch,
-                    job.delivery.header.properties.message_id,
-                    key_for_log(job.key, self._keys_in_clear),
-                    extra=job.lease.log_fields,
-                )
-            job.lease.finished(job)
-        else:
-            job.lease.dropped(job)
-
-    async def _failed(self, job: Job, error: Exception) -> None:
-        self._metrics.failed[job.lease.bucket] += 1
-        job.first_failure = job.first_failure or time.time()
-        delay = self._policy.next_delay(job.attempt)
-        log.warning(
-            "bucket %d epoch %d: handler failed (attempt %d): %s: %s",
-            job.lease.bucket,
-            job.lease.epoch,
-            job.attempt,
-            type(error).__name__,
-            error,
-            extra=job.lease.log_fields,
-        )
-        if delay is None:
-            await self._dead_letter(job, "handler-failed", error)
-            return
-        job.attempt += 1
-        self._metrics.retried[job.lease.bucket] += 1
-        self._retry_later(job, delay)
-
-    def _retry_later(self, job: Job, delay: float) -> None:
-        def again() -> None:
-            if job.lease.may_start(job):
-                self.dispatch(job)
-
-        asyncio.get_running_loop().call_later(delay, again)
-
-    async def _dead_letter(self, job: Job, reason: str, error: BaseException | None) -> None:
-        try:
-            await self._dead_letters.publish(job, reason, error)
-        except Exception as exc:
-            log.warning("bucket %d: dead-lettering failed (%r); retrying", job.lease.bucket, exc)
-            self._retry_later(job, self._policy.base_delay)
-            return
-        self._metrics.dead_lettered[job.lease.bucket, reason] += 1
-        log.error(
-            "bucket %d epoch %d: message %s dead-lettered (%s)",
-            job.lease.bucket,
-            job.lease.epoch,
-            job.delivery.header.properties.message_id,
-            reason,
-            extra=job.lease.log_fields,
-        )
-        await self._settle(job)
 
 
 def _uncancel() -> None:

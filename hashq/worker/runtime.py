@@ -21,20 +21,21 @@ from aio_pika.abc import AbstractConnection
 
 from hashq._io.amqp import close_quietly, connect_amqp, connection_usable
 from hashq._io.health import health_endpoints
-from hashq.errors import ConfigError
+from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
+from hashq.message import Handler
 from hashq.provision import ensure_topology
 from hashq.records import worker_connection_name
 from hashq.settings import WorkerSettings, default_worker_id
 from hashq.topology import Topology
-from hashq.worker.bucket import BucketLease, LeaseState
+from hashq.worker.bucket_lease import BucketLease, LeaseState
 from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import OnFailure, RetryPolicy
-from hashq.worker.runners import Handler, Runners
-from hashq.worker.session import Membership, RegistrationGone
+from hashq.worker.runners import Runners
+from hashq.worker.session import Membership
 
 __all__ = ["Worker", "WorkerState", "default_worker_id"]
 
@@ -61,7 +62,6 @@ class Worker:
         self._events: asyncio.Queue[ev.Event] = asyncio.Queue()
         self._membership = Membership(settings, self.worker_id, settings.capacity, self.post)
         self._dead_letters = DeadLetters(self.topology, self.worker_id)
-        self._runners: Runners | None = None
         self._connection: AbstractConnection | None = None
         self._leases: dict[int, BucketLease] = {}  # by the machine's lease number
         self._connection_numbers = itertools.count(1)
@@ -77,6 +77,7 @@ class Worker:
             waiting=lambda: sum(lease.waiting for lease in self._leases.values()),
             zk_connected=lambda: self.machine.zk_link,
         )
+        self._runners = self._make_runners()  # after the metrics, which they count into
 
     @property
     def state(self) -> WorkerState:
@@ -101,7 +102,7 @@ class Worker:
 
     async def _run(self, stop: asyncio.Event) -> None:
         await ensure_topology(self.settings, check_bindings=False)
-        self._runners = self._make_runners()
+        self._runners.start()
         watchdog = asyncio.ensure_future(self._watch_for_pauses())
         stopping = asyncio.ensure_future(self._post_stop(stop))
         try:
@@ -147,7 +148,6 @@ class Worker:
             self.metrics.drain_seconds.observe(self.machine.counts.drain_seconds.pop())
 
     async def _do(self, action: ev.Action) -> None:
-        assert self._runners is not None
         if isinstance(action, ev.PauseRunners):
             self._runners.pause()
         elif isinstance(action, ev.ResumeRunners):
@@ -261,7 +261,6 @@ class Worker:
 
     # ------------------------------------------------------------ leases
     async def _subscribe(self, action: ev.Subscribe) -> None:
-        assert self._runners is not None
         connection = self._connection
         # Half the prefetch window per ack batch: the broker always has the other half to send.
         ack_batch = max(1, self.settings.prefetch // 2)
@@ -276,8 +275,7 @@ class Worker:
         self._leases[action.lease] = lease
         try:
             if not connection_usable(connection):
-                raise ConnectionError("no connection")
-            assert connection is not None
+                raise ServiceUnavailable("no connection to RabbitMQ")
             await lease.open(connection, self.settings.prefetch)
         except Exception as exc:
             self.post(ev.Subscribed(action.lease, False, repr(exc)))
@@ -340,7 +338,6 @@ class Worker:
             last = self._last_tick
             if now - last > self._pause_limit:
                 # Pause first, then let runners see a fresh tick: never the other way round.
-                assert self._runners is not None
                 self._runners.pause()
                 self.post(ev.PauseSeen(now - last))
             self._last_tick = now
@@ -360,8 +357,7 @@ class Worker:
                 task.cancel()
         await asyncio.gather(*(lease.close() for lease in self._leases.values()))
         await self._membership.close()
-        if self._runners is not None:
-            await self._runners.close()
+        await self._runners.close()
         await self._drop_connection()
 
     def _make_runners(self) -> Runners:

@@ -27,8 +27,8 @@ from kazoo.exceptions import (
 )
 from kazoo.recipe.watchers import DataWatch
 
-from hashq._io.zk import close_zk, connect_zk
-from hashq.errors import ConfigError, HashqError, ServiceUnavailable
+from hashq._io.zk import close_zk, start_zk, zk_client
+from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
 from hashq.records import Assignment, Paths, Registration, Release
 from hashq.settings import Settings
 from hashq.worker.machine.events import AssignmentRead, Event, Session, SessionChanged
@@ -36,11 +36,7 @@ from hashq.worker.machine.events import AssignmentRead, Event, Session, SessionC
 log = logging.getLogger(__name__)
 
 
-__all__ = ["Membership", "RegistrationGone", "Session"]
-
-
-class RegistrationGone(HashqError):
-    """The registration is no longer this incarnation's (the session expired)."""
+__all__ = ["Membership", "Session"]
 
 
 class Membership:
@@ -57,14 +53,15 @@ class Membership:
         self._registration: Registration | None = None
         self._post = post
         self._loop = asyncio.get_running_loop()
-        self._zk: KazooClient | None = None
+        self._zk: KazooClient = zk_client(settings, "worker")
+        self._open = False  # started and not closed: the client may be asked
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        zk = await asyncio.to_thread(connect_zk, self._settings, "worker")
-        zk.add_listener(self._on_state)
-        DataWatch(zk, self._paths.assignment(self.worker_id), self._on_assignment)
-        self._zk = zk
+        await asyncio.to_thread(start_zk, self._zk, self._settings)
+        self._open = True
+        self._zk.add_listener(self._on_state)
+        DataWatch(self._zk, self._paths.assignment(self.worker_id), self._on_assignment)
 
     @staticmethod
     def new_incarnation() -> str:
@@ -88,7 +85,6 @@ class Membership:
         log.info("worker %s registered (incarnation %s)", self.worker_id, self.incarnation)
 
     def _create_registration(self, registration: Registration) -> None:
-        assert self._zk is not None
         path = self._paths.worker(self.worker_id)
         deadline = time.monotonic() + 3 * self._settings.zk_session_timeout
         while True:
@@ -113,7 +109,8 @@ class Membership:
         connection, and the grants consumed on it are at least as new as the announcement.
 
         Raises ``RegistrationGone`` if the registration is no longer ours."""
-        assert self._registration is not None
+        if self._registration is None:  # deregistered meanwhile (a withdrawal): try again later
+            raise ServiceUnavailable(f"worker {self.worker_id}: not registered")
         announced = replace(self._registration, connection=connection_name)
         await asyncio.to_thread(self._replace_registration, announced)
         self._registration = announced
@@ -121,7 +118,6 @@ class Membership:
         return self._assignment_read(data, stat)
 
     def _replace_registration(self, registration: Registration) -> None:
-        assert self._zk is not None
         path = self._paths.worker(self.worker_id)
         try:
             data, stat = self._zk.get(path)
@@ -134,14 +130,12 @@ class Membership:
             raise RegistrationGone(f"worker {self.worker_id}: registration gone") from None
 
     def _read_assignment(self) -> tuple[bytes | None, Any]:
-        assert self._zk is not None
         try:
             return self._zk.get(self._paths.assignment(self.worker_id))  # type: ignore[no-any-return]
         except NoNodeError:
             return None, None
 
     def _owned_by_us(self, path: str) -> bool:
-        assert self._zk is not None
         try:
             _, stat = self._zk.get(path)
         except NoNodeError:
@@ -151,7 +145,7 @@ class Membership:
     async def deregister(self) -> None:
         """Delete this incarnation's registration (its grants end with it)."""
         self.incarnation, self._registration = "", None
-        if self._zk is None:
+        if not self._open:
             return
         try:
             await asyncio.to_thread(self._zk.delete, self._paths.worker(self.worker_id))
@@ -159,9 +153,9 @@ class Membership:
             log.debug("deregistering: %r", exc)
 
     async def close(self) -> None:
-        if self._zk is not None:
-            zk, self._zk = self._zk, None
-            await asyncio.to_thread(close_zk, zk)
+        if self._open:
+            self._open = False
+            await asyncio.to_thread(close_zk, self._zk)
 
     async def probe(self, within: float = 5.0) -> Session:
         """Whether the registration (hence the session) is still this incarnation's:
@@ -172,7 +166,7 @@ class Membership:
             return Session.SUSPENDED
 
     def _probe(self) -> Session:
-        if self._zk is None or not self._zk.connected:
+        if not self._open or not self._zk.connected:
             return Session.SUSPENDED
         try:
             data, stat = self._zk.get(self._paths.worker(self.worker_id))
@@ -194,7 +188,7 @@ class Membership:
         log.info("bucket %d epoch %d released by %s", bucket, epoch, self.worker_id)
 
     def _create(self, path: str, release: Release) -> None:
-        if self._zk is None:
+        if not self._open:
             raise ServiceUnavailable("ZooKeeper client closed")
         # Already there if written before: a release is written once per bucket and epoch.
         with contextlib.suppress(NodeExistsError):

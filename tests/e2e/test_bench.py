@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from hashq.settings import Settings
-from tests.support.helpers import child_environment
+from tools.launcher import child_environment
 
 SUMMARY = {
     "raw_msgs_per_s",

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from hashq.settings import Settings
-from tests.support.helpers import child_environment
 from tests.support.services import Endpoints
 from tools import ROOT
+from tools.launcher import child_environment
 
 # Every kind of fault, slow ones first so that all fit in the run (--faults name, as logged);
 # two joins, since the naive design reorders at membership changes.

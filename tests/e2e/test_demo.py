@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from hashq.settings import Settings
-from tests.support.helpers import child_environment
 from tools import ROOT
+from tools.launcher import child_environment
 
 
 def test_the_demo_runs_clean(settings: Settings) -> None:

@@ -15,6 +15,7 @@ from hashq._io.management import Management
 from hashq.settings import Settings
 from hashq.worker.acks import Acker
 from tests.support.helpers import close_connection_named, wait_for_connection
+from tools.queues import take_all
 
 QUEUE = "acker-test"
 
@@ -38,17 +39,7 @@ async def _delivered(
 
 
 async def _left_in_queue(settings: Settings) -> list[bytes]:
-    connection = await aiormq.connect(settings.amqp_url)
-    try:
-        channel = await connection.channel()
-        bodies = []
-        while (got := await channel.basic_get(QUEUE, no_ack=True)).delivery is not None:
-            if not isinstance(got.delivery, aiormq.spec.Basic.GetOk):
-                break
-            bodies.append(got.body)
-        return bodies
-    finally:
-        await connection.close()
+    return [message.body for message in await take_all(settings, QUEUE)]
 
 
 async def test_acks_in_any_order_settle_exactly_the_handled_messages(settings: Settings) -> None:

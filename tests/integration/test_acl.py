@@ -16,6 +16,7 @@ from hashq.provision import ensure_topology
 from hashq.records import Assignment, BucketRecord, Paths
 from hashq.settings import Settings
 from tests.support.workers import WorkerProcess, start_coordinator, stop_cleanly
+from tools.polling import eventually
 
 COORDINATOR = ("hashq-coordinator", "coordinator-secret")
 WORKER = ("hashq-worker", "worker-secret")
@@ -66,12 +67,12 @@ async def test_a_worker_cannot_grant_itself_a_bucket(
         as_role(settings, WORKER).environment(),
     )
     try:
-        for _ in range(240):
-            if await asyncio.to_thread(granted_to, worker_zk, paths, settings.buckets, "w1"):
-                break
-            await asyncio.sleep(0.25)
-        else:
-            raise AssertionError("the worker never got its buckets under ACLs")
+        await eventually(
+            lambda: asyncio.to_thread(granted_to, worker_zk, paths, settings.buckets, "w1"),
+            60,
+            every=0.25,
+            what="the worker's buckets granted under ACLs",
+        )
         forged = Assignment("forged", {0: 99}).encode()
         with pytest.raises(NoAuthError):
             worker_zk.set(paths.assignment("w1"), forged)

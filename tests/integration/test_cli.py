@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from urllib.parse import quote
 
 import pytest
 
 from hashq._io.management import Management
 from hashq.settings import Settings
-from tests.support.helpers import child_environment, open_zk, queue_depths
-
-
-def hashq(settings: Settings, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = child_environment(settings)
-    return subprocess.run(
-        [sys.executable, "-m", "hashq.admin.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+from tests.support.helpers import hashq, open_zk, queue_depths
 
 
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:

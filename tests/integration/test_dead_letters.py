@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,25 +14,22 @@ import pytest
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.topology import Topology
-from tests.support.helpers import child_environment, drain, queue_depths
+from tests.support.helpers import hashq, queue_depths
 from tests.support.workers import WorkerProcess, start_coordinator, stop_cleanly
+from tools.polling import eventually
+from tools.queues import take_all
 
 POISONED = ["bad-1", "bad-2", "bad-3"]
 
 
-def hashq(settings: Settings, *argv: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hashq.admin.cli", "dead-letters", *argv],
-        env=child_environment(settings),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def dead_letters(
+    settings: Settings, *argv: str, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    return hashq(settings, "dead-letters", *argv, stdin=stdin)
 
 
 def listed(settings: Settings) -> list[dict[str, Any]]:
-    done = hashq(settings, "list", "--json")
+    done = dead_letters(settings, "list", "--json")
     assert done.returncode == 0, done.stderr
     rows: list[dict[str, Any]] = json.loads(done.stdout)
     return rows
@@ -58,10 +54,13 @@ async def dead_lettered(initialized: Settings, tmp_path: Path) -> Settings:
                 Outgoing(key, json.dumps({"seq": 0, "poison": True}).encode(), message_id=key)
                 for key in POISONED
             )
-        for _ in range(240):
-            if (await queue_depths(initialized))[dead] == len(POISONED):
-                break
-            await asyncio.sleep(0.25)
+        await eventually(
+            lambda: queue_depths(initialized),
+            60,
+            every=0.25,
+            until=lambda depths: depths[dead] == len(POISONED),
+            what="every poisoned message dead-lettered",
+        )
     finally:
         stop_cleanly(worker, coordinator)
     return initialized
@@ -83,13 +82,13 @@ async def test_replay_sends_only_the_chosen_one_to_its_key_and_keeps_the_rest(
     dead_lettered: Settings,
 ) -> None:
     before = [row["message_id"] for row in await asyncio.to_thread(listed, dead_lettered)]
-    done = await asyncio.to_thread(hashq, dead_lettered, "replay", "--key", "bad-2")
+    done = await asyncio.to_thread(dead_letters, dead_lettered, "replay", "--key", "bad-2")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("replayed 1 of 3 dead letters")
     after = [row["message_id"] for row in await asyncio.to_thread(listed, dead_lettered)]
     assert after == [m for m in before if m != "bad-2"]  # the rest, in their order
     topology = Topology.from_settings(dead_lettered)
-    (replayed,) = [m for q in topology.bucket_queues() for m in await drain(dead_lettered, q)]
+    (replayed,) = [m for q in topology.bucket_queues() for m in await take_all(dead_lettered, q)]
     assert replayed.message_id == "bad-2" and replayed.routing_key == "bad-2"
     assert replayed.headers["x-hashq-replayed"] == 1
     assert not [h for h in replayed.headers if h.startswith("x-hashq-") and h != "x-hashq-replayed"]
@@ -99,12 +98,12 @@ async def test_replay_sends_only_the_chosen_one_to_its_key_and_keeps_the_rest(
 async def test_replay_without_a_choice_and_purge_without_yes_change_nothing(
     dead_lettered: Settings,
 ) -> None:
-    refused = await asyncio.to_thread(hashq, dead_lettered, "replay")
+    refused = await asyncio.to_thread(dead_letters, dead_lettered, "replay")
     assert refused.returncode == 2
     assert "replay needs --id, --key, --reason or --all" in refused.stderr
-    kept = await asyncio.to_thread(hashq, dead_lettered, "purge", stdin="no\n")
+    kept = await asyncio.to_thread(dead_letters, dead_lettered, "purge", stdin="no\n")
     assert kept.returncode == 1
     assert len(await asyncio.to_thread(listed, dead_lettered)) == 3
-    purged = await asyncio.to_thread(hashq, dead_lettered, "purge", "--yes")
+    purged = await asyncio.to_thread(dead_letters, dead_lettered, "purge", "--yes")
     assert purged.returncode == 0 and purged.stdout.startswith("deleted 3 dead letters")
     assert await asyncio.to_thread(listed, dead_lettered) == []

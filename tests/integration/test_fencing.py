@@ -18,23 +18,24 @@ from typing import Any
 import pytest
 from kazoo.exceptions import ConnectionLoss
 
-import hashq_coordinator.fencing as fencing
-import hashq_coordinator.service as service
-from hashq.records import BucketRecord, Registration, worker_connection_name
+import hashq_coordinator.fencing.fencer as fencing
+import hashq_coordinator.runtime as runtime
+from hashq.records import BucketRecord, BucketState, Registration, worker_connection_name
 from hashq.settings import Settings
-from hashq.worker.metrics import CoordinatorMetrics
-from hashq_coordinator.fence import fence
-from hashq_coordinator.fencebook import FenceBook
-from hashq_coordinator.fencing import Fencer
-from hashq_coordinator.handover import View, step
-from hashq_coordinator.service import Coordinator, Role
+from hashq.topology import Topology
+from hashq_coordinator.fencing.cutoff import fence
+from hashq_coordinator.fencing.fencer import Fencer
+from hashq_coordinator.fencing.liveness import Liveness
+from hashq_coordinator.machine.fencebook import FenceBook
+from hashq_coordinator.machine.handover import View, step
+from hashq_coordinator.metrics import CoordinatorMetrics
+from hashq_coordinator.runtime import Coordinator, Role
 from hashq_coordinator.settings import CoordinatorSettings
 from hashq_coordinator.store import Store
-from tests.integration.test_coordinator import all_granted
-from tests.integration.test_worker import publish, workload
 from tests.support.grants import Grants
-from tests.support.helpers import eventually
 from tests.support.workers import WorkerProcess, wait_for_executions
+from tests.support.workload import publish, workload
+from tools.polling import eventually
 
 INCARNATION = ("w1", "i1")
 
@@ -47,8 +48,18 @@ def _coordinator_settings(settings: Settings, **changes: Any) -> CoordinatorSett
     return CoordinatorSettings(**{**settings.model_dump(), "management_lag": 0, **changes})
 
 
+class StillConnected(Liveness):
+    """The broker's word on every incarnation: it still holds a connection (a live worker), so
+    each fence goes through the management API."""
+
+    async def gone(self, worker_id: str, incarnation: str) -> bool:
+        return False
+
+
 def _fencer(settings: Settings, **changes: Any) -> Fencer:
-    return Fencer(_coordinator_settings(settings, **changes), "c1", CoordinatorMetrics(), _noop)
+    chosen = _coordinator_settings(settings, **changes)
+    liveness = StillConnected(chosen, Topology.from_settings(chosen))
+    return Fencer(chosen, "c1", CoordinatorMetrics(), _noop, liveness=liveness)
 
 
 def _noop() -> None:
@@ -87,7 +98,7 @@ async def test_a_fenced_worker_that_reconnected_is_fenced_again(
 
     fencer.note({"w1": _registration(2)}, {INCARNATION})  # reconnected, announced
     assert INCARNATION not in fencer.covered()
-    stuck = BucketRecord("fencing", "w1", "i1", 3, target="w2")
+    stuck = BucketRecord(BucketState.FENCING, "w1", "i1", 3, target="w2")
     view = View(1, {0: stuck}, {"w1": _registration(2)}, frozenset(), fencer.covered(), 0, 1)
     decision = step(view, {0: "w2"})
     assert decision.fences == {INCARNATION} and 0 not in decision.records
@@ -160,8 +171,9 @@ async def test_a_fence_goes_on_after_any_failure_of_the_management_api(
                 raise self.failures.pop(0)
             return [{"name": "c", "user_provided_name": worker_connection_name("w1", "i1", 3)}]
 
-        def close_connection(self, name: str, reason: str) -> None:
-            self.closed.append(name)
+        def request(self, method: str, path: str, **_: Any) -> None:
+            assert (method, path.rpartition("/")[0]) == ("DELETE", "/api/connections")
+            self.closed.append(path.rpartition("/")[2])
 
     flaky = Flaky()
     told: list[str | None] = []
@@ -211,13 +223,13 @@ async def test_a_coordinator_that_cannot_fence_says_so_once(
     says so at start, in one line, and in its readiness and metrics."""
     nowhere = _coordinator_settings(initialized, management_url="http://127.0.0.1:9")
     coordinator = Coordinator(nowhere)
-    with caplog.at_level(logging.ERROR, logger="hashq_coordinator.fencing"):
+    with caplog.at_level(logging.ERROR, logger="hashq_coordinator.fencing.fencer"):
         running(coordinator)
         await eventually(lambda: coordinator.role is Role.LEADER)
         ready, why = coordinator.readiness()  # said at start, before any fence is needed
         assert not ready and "cannot fence" in why
         assert coordinator.metrics.registry.get_sample_value("hashq_coordinator_can_fence") == 0
-        await asyncio.sleep(service.DEPTH_SECONDS + 1)  # a second probe says nothing more
+        await asyncio.sleep(runtime.MANAGEMENT_SECONDS + 1)  # a second probe says nothing more
     assert not coordinator.readiness()[0]
     said = [r for r in caplog.records if "cannot fence" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]
@@ -236,10 +248,10 @@ async def test_without_the_management_api_a_killed_workers_buckets_still_move(
     cluster("c1", **nowhere)
     doomed = cluster("w1")
     cluster("w2")
-    await eventually(lambda: all_granted(zk_view, initialized.buckets, {"w1", "w2"}))
+    await eventually(lambda: zk_view.all_granted(initialized.buckets, {"w1", "w2"}))
     messages, expected = workload(keys=100, per_key=10)
     await publish(initialized, messages)
     doomed.kill()
     report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
-    await eventually(lambda: all_granted(zk_view, initialized.buckets, {"w2"}), within=30)
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
+    await eventually(lambda: zk_view.all_granted(initialized.buckets, {"w2"}), within=30)

@@ -3,17 +3,15 @@ process's id, and bucket lines their bucket and epoch as fields."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from hashq._io.logs import key_for_log
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
-from tests.support.helpers import child_environment
+from tests.support.helpers import hashq
 from tests.support.workers import WorkerProcess, start_coordinator, stop_cleanly
+from tools.polling import eventually
 
 
 def json_lines(process: WorkerProcess) -> list[dict[str, object]]:
@@ -34,25 +32,29 @@ async def test_json_lines_carry_the_process_and_the_bucket(
         {**env, "HASHQ_LOG_LEVEL": "DEBUG"},
     )
     try:
-        for _ in range(240):
-            consuming = [e for e in json_lines(worker) if "consuming" in str(e["message"])]
-            if len(consuming) == initialized.buckets:
-                break
-            await asyncio.sleep(0.25)
+        consuming = await eventually(
+            lambda: [e for e in json_lines(worker) if "consuming" in str(e["message"])],
+            60,
+            every=0.25,
+            until=lambda consuming: len(consuming) == initialized.buckets,
+            what="every bucket consumed",
+        )
         async with Publisher(initialized) as publisher:
             await publisher.publish_many(
                 [Outgoing("customer-4711", json.dumps({"seq": n}).encode()) for n in range(3)]
             )
-        for _ in range(120):
-            if (
+        await eventually(
+            lambda: (
                 sum(
                     "customer" in str(e["message"]) or "of key #" in str(e["message"])
                     for e in json_lines(worker)
                 )
                 >= 3
-            ):
-                break
-            await asyncio.sleep(0.25)
+            ),
+            30,
+            every=0.25,
+            what="three messages of the key logged",
+        )
     finally:
         stop_cleanly(worker, coordinator)
     lines = json_lines(worker)
@@ -69,12 +71,6 @@ async def test_json_lines_carry_the_process_and_the_bucket(
 
 
 def test_a_bad_log_format_is_one_line_and_status_2(settings: Settings) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "hashq.admin.cli", "status"],
-        env=child_environment(settings, HASHQ_LOG_FORMAT="yaml"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = hashq(settings, "status", HASHQ_LOG_FORMAT="yaml")
     assert done.returncode == 2
     assert done.stderr.strip() == "setting log_format: 'yaml' is not one of text, json"

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from hashq._io.health import HealthServer
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
-from tests.support.helpers import eventually
 from tests.support.workers import WorkerProcess, start_coordinator, wait_for_executions
+from tools.polling import eventually
 
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -94,7 +94,7 @@ async def test_worker_and_coordinator_report_what_happened(
     report = await asyncio.to_thread(
         wait_for_executions, record, {f"k{n}": 10 for n in range(40)}, 60
     )
-    assert report.missing == []
+    assert report.lost == []
     await eventually(lambda: total(scrape(worker_port), "hashq_messages_dead_lettered_total") == 1)
 
     worker = scrape(worker_port)
@@ -122,13 +122,12 @@ async def test_worker_and_coordinator_report_what_happened(
 
 async def test_readiness_answers_503_with_its_reason_and_unknown_paths_404() -> None:
     state = {"ready": False}
-    server = HealthServer(
+    server = await HealthServer.serve(
         CollectorRegistry(),
         lambda: (state["ready"], "granted buckets [3] not consumed yet"),
         "127.0.0.1",
         0,
     )
-    await server.start()
     try:
         assert await asyncio.to_thread(get, server.port, "/readyz") == (
             503,

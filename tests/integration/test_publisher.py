@@ -23,8 +23,9 @@ from hashq.provision import ensure_topology, ring_exists
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.topology import Topology
-from tests.support.helpers import close_connection_named, drain, key_buckets, wait_for_connection
+from tests.support.helpers import close_connection_named, key_buckets, wait_for_connection
 from tests.support.services import Endpoints
+from tools.queues import take_all
 
 
 async def test_confirmed_message_is_in_its_bucket_with_its_properties(
@@ -53,7 +54,7 @@ async def test_one_key_stays_in_one_bucket_in_publish_order(initialized: Setting
     per_key: dict[str, list[int]] = {}
     buckets: dict[str, int] = {}
     for index, name in enumerate(Topology.from_settings(initialized).bucket_queues()):
-        for message in await drain(initialized, name):
+        for message in await take_all(initialized, name):
             assert message.routing_key is not None
             assert buckets.setdefault(message.routing_key, index) == index
             per_key.setdefault(message.routing_key, []).append(int(message.body))
@@ -159,7 +160,7 @@ async def _all_messages(settings: Settings) -> list[AbstractIncomingMessage]:
     return [
         message
         for name in Topology.from_settings(settings).bucket_queues()
-        for message in await drain(settings, name)
+        for message in await take_all(settings, name)
     ]
 
 

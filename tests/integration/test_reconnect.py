@@ -24,12 +24,13 @@ from hashq.topology import Topology
 from hashq.worker.machine.events import Session, SessionChanged
 from hashq.worker.runtime import Worker, WorkerState
 from hashq.worker.session import Membership
-from hashq_coordinator.fence import fence
-from tests.integration.test_worker import publish, workload
+from hashq_coordinator.fencing.cutoff import fence
 from tests.support.grants import Grants
-from tests.support.helpers import close_connection_named, eventually, wait_for_connection
+from tests.support.helpers import close_connection_named, wait_for_connection
 from tests.support.services import Endpoints
-from tests.support.workers import StartWorker, check, read_records, wait_for_executions
+from tests.support.workers import StartWorker, check, read_appended, wait_for_executions
+from tests.support.workload import publish, workload
+from tools.polling import eventually
 
 
 def _announced_other_than(grants: Grants, connection: str) -> Callable[[], Registration | None]:
@@ -67,7 +68,7 @@ async def test_a_reconnected_worker_announces_its_new_connection_and_a_fence_clo
     third = await eventually(_announced_other_than(grants, second.connection))
     assert third.connection[-2:] == "-3"
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
 
 
 async def _nothing(message: Message) -> None:
@@ -136,11 +137,11 @@ async def test_a_handler_thread_that_outlives_its_channel_never_runs_beside_its_
     runs = await eventually(lambda: _runs_of_first(record, 2), within=30)
     assert all(r["epoch"] == 1 for r in runs), runs  # the same grant: a redelivery
     report = check(record, {"slow-key": 4})
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
 
 
 def _runs_of_first(record: Path, count: int) -> list[dict[str, Any]]:
-    runs = [r for r in read_records(record) if r["seq"] == 0]
+    runs = [r for r in read_appended(record) if r["seq"] == 0]
     return runs if len(runs) >= count else []
 
 
@@ -175,7 +176,7 @@ async def test_a_consumer_the_broker_cancels_is_subscribed_again(
         await channel.declare_queue(queue, durable=True, arguments=topology.bucket_arguments())
     await _send_to_queue(initialized, queue, 1)
     report = await asyncio.to_thread(wait_for_executions, record, {queue: 2}, 30)
-    assert report.missing == []
+    assert report.lost == []
 
 
 @pytest.fixture
@@ -222,6 +223,6 @@ async def test_a_channel_closed_for_consumer_timeout_is_said_and_loses_nothing(
     await asyncio.to_thread(wait_for_executions, record, {"slow-key": 4}, 60)
     await eventually(lambda: _runs_of_first(record, 2), within=30)
     report = check(record, {"slow-key": 4})
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
     said = [line for line in worker.output().splitlines() if "consumer_timeout" in line]
     assert len(said) == 1 and " ERROR " in said[0], said

@@ -5,54 +5,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import re
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 from hashq._io.management import Management
 from hashq.provision import ensure_topology
-from hashq.publisher import Outgoing, Publisher
-from hashq.records import incarnation_connections
+from hashq.publisher import Outgoing
+from hashq.records import Registration, incarnation_connections
 from hashq.settings import Settings, WorkerSettings
 from tests.support.grants import Grants
-from tests.support.helpers import (
-    close_connection_named,
-    drain,
-    eventually,
-    queue_depths,
-    wait_for_connection,
-)
+from tests.support.helpers import close_connection_named, queue_depths, wait_for_connection
 from tests.support.workers import (
     StartWorker,
     WorkerProcess,
     check,
-    read_records,
+    read_appended,
     wait_for_executions,
 )
+from tests.support.workload import publish, workload
+from tools.polling import eventually, wait_until
+from tools.queues import take_all
 
 DEFAULT_PREFETCH = WorkerSettings.model_fields["prefetch"].default
-
-
-def workload(keys: int, per_key: int, seed: int = 7) -> tuple[list[Outgoing], dict[str, int]]:
-    """Messages of ``keys`` keys, each numbered 0..per_key-1, interleaved at random."""
-    rng = random.Random(seed)
-    order = [key for key in range(keys) for _ in range(per_key)]
-    rng.shuffle(order)
-    counters = [0] * keys
-    messages = []
-    for key in order:
-        body = json.dumps({"seq": counters[key]}).encode()
-        messages.append(Outgoing(f"k{key:05d}", body))
-        counters[key] += 1
-    return messages, {f"k{key:05d}": per_key for key in range(keys)}
-
-
-async def publish(settings: Settings, messages: list[Outgoing]) -> None:
-    async with Publisher(settings) as publisher:
-        await publisher.publish_many(messages)
 
 
 def split(buckets: int, epoch: int = 1) -> tuple[dict[int, int], dict[int, int]]:
@@ -76,16 +52,12 @@ async def test_keys_in_order_never_overlapping_over_two_workers(
     await publish(initialized, messages)
 
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
-    assert report.missing == []
-    assert report.skipped_ahead == []
+    assert report.lost == []
+    assert report.reordered == []
     assert report.overlaps == []
     assert report.repeats == []
-    workers_seen = {r["worker"] for r in report_records(record)}
+    workers_seen = {r["worker"] for r in read_appended(record)}
     assert workers_seen == {"w1", "w2"}
-
-
-def report_records(path: Path) -> list[dict[str, Any]]:
-    return read_records(path)
 
 
 async def test_plain_function_handler_keeps_order(
@@ -97,7 +69,7 @@ async def test_plain_function_handler_keeps_order(
     messages, expected = workload(keys=100, per_key=10)
     await publish(initialized, messages)
     report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
 
 
 async def test_kill_9_mid_run_then_buckets_go_to_the_other_worker(
@@ -112,14 +84,14 @@ async def test_kill_9_mid_run_then_buckets_go_to_the_other_worker(
     messages, expected = workload(keys=400, per_key=20)
     await publish(initialized, messages)
 
-    await eventually(lambda: sum(r["worker"] == "w1" for r in report_records(record)) > 1500)
+    await eventually(lambda: sum(r["worker"] == "w1" for r in read_appended(record)) > 1500)
     doomed.kill()
     # The coordinator would now fence w1 and grant its buckets at the next epoch.
     grants.assign(registrations["w2"], {**right, **dict.fromkeys(left, 2)})
 
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
-    assert report.missing == []
-    assert report.skipped_ahead == []
+    assert report.lost == []
+    assert report.reordered == []
     assert report.overlaps == []
     for repeat in report.repeats:  # only redeliveries of what w1 held when it died
         assert repeat["worker"] == "w2" and repeat["redelivered"] and repeat["epoch"] == 2
@@ -148,17 +120,17 @@ async def test_poison_message_is_dead_lettered_while_other_keys_flow(
     report = await asyncio.to_thread(wait_for_executions, record, {**expected, "bad": 2}, 60)
     await eventually(lambda: _ok_seqs(record, "bad") == [0, 1, 3, 4, 5])
     report = check(record, {key: n for key, n in expected.items() if key != "bad"})
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
 
-    failures = [r for r in report_records(record) if r["outcome"] == "failed"]
+    failures = [r for r in read_appended(record) if r["outcome"] == "failed"]
     assert [f["attempt"] for f in failures] == [1, 2, 3]
     first, last = failures[0]["start"], failures[-1]["start"]
-    flowing = [r for r in report_records(record) if r["key"] != "bad" and first < r["start"] < last]
+    flowing = [r for r in read_appended(record) if r["key"] != "bad" and first < r["start"] < last]
     assert flowing, "other keys waited for the poison message"
-    bad_after = [r for r in report_records(record) if r["key"] == "bad" and r["seq"] > 2]
+    bad_after = [r for r in read_appended(record) if r["key"] == "bad" and r["seq"] > 2]
     assert min(r["start"] for r in bad_after) > last, "the key went on before its dead letter"
 
-    (dead,) = await drain(initialized, "hashq.t.dead")
+    (dead,) = await take_all(initialized, "hashq.t.dead")
     assert json.loads(dead.body) == {"seq": 2, "poison": True}
     assert dead.routing_key == "bad"
     headers = dead.headers
@@ -172,7 +144,7 @@ async def test_poison_message_is_dead_lettered_while_other_keys_flow(
 
 
 def _ok_seqs(path: Path, key: str) -> list[int]:
-    records = [r for r in report_records(path) if r["key"] == key and r["outcome"] == "ok"]
+    records = [r for r in read_appended(path) if r["key"] == key and r["outcome"] == "ok"]
     return [int(r["seq"]) for r in sorted(records, key=lambda r: r["start"])]
 
 
@@ -191,12 +163,11 @@ async def test_undecodable_body_is_dead_lettered_with_its_reason(
         ],
     )
     report = await asyncio.to_thread(wait_for_executions, record, {"k": 2}, 30)
-    assert (report.missing, report.skipped_ahead) == ([], [])
-    deadline = time.monotonic() + 30
-    while await _depth(initialized, "hashq.t.dead") < 1:
-        assert time.monotonic() < deadline, "nothing dead-lettered"
-        await asyncio.sleep(0.1)
-    (dead,) = await drain(initialized, "hashq.t.dead")
+    assert report.bugs == []  # nothing lost or reordered, no overlap but a fenced zombie's
+    await eventually(
+        lambda: _depth(initialized, "hashq.t.dead"), 30, every=0.1, what="a dead letter"
+    )
+    (dead,) = await take_all(initialized, "hashq.t.dead")
     assert dead.body == b"not json at all"
     assert dead.headers["x-hashq-reason"] == "undecodable"
     assert "not JSON" in str(dead.headers["x-hashq-error"])
@@ -218,7 +189,7 @@ async def test_revoke_under_load_releases_after_the_last_ack(
     # handlers of 20 ms, 1,600 a second) could finish all 6,000 before the revoke (CI, stop 25).
     await publish(initialized, messages)
     grants.assign(registrations["w1"], everything)
-    await eventually(lambda: len(report_records(record)) > 1000)
+    await eventually(lambda: len(read_appended(record)) > 1000)
 
     grants.assign(registrations["w1"], {})
     releases = [
@@ -231,12 +202,12 @@ async def test_revoke_under_load_releases_after_the_last_ack(
     grants.assign(registrations["w2"], dict.fromkeys(everything, 2))
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
 
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
     assert report.repeats == [], "the next owner did not start exactly where the old one stopped"
-    by_w1 = [r for r in report_records(record) if r["worker"] == "w1"]
+    by_w1 = [r for r in read_appended(record) if r["worker"] == "w1"]
     for run in by_w1:
         assert run["end"] <= released_at[run["bucket"]] + 0.002
-    assert {r["worker"] for r in report_records(record)} == {"w1", "w2"}
+    assert {r["worker"] for r in read_appended(record)} == {"w1", "w2"}
 
 
 async def test_sigterm_drains_releases_and_exits_0(
@@ -248,7 +219,7 @@ async def test_sigterm_drains_releases_and_exits_0(
     grants.assign(registration, everything)
     messages, expected = workload(keys=300, per_key=10)
     await publish(initialized, messages)
-    await eventually(lambda: len(report_records(record)) > 500)
+    await eventually(lambda: len(read_appended(record)) > 500)
 
     first.signal(signal.SIGTERM)
     assert await asyncio.to_thread(first.wait, 60) == 0, first.output()
@@ -260,7 +231,7 @@ async def test_sigterm_drains_releases_and_exits_0(
     second = grants.wait_for_worker("w2")
     grants.assign(second, dict.fromkeys(everything, 2))
     report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
     assert report.repeats == []
 
 
@@ -290,9 +261,9 @@ async def test_bucket_moved_more_often_than_the_delivery_limit_loses_nothing(
             await asyncio.to_thread(writer.wait_for_release, 0, epoch)
         writer.assign(registrations["w1"], {0: 9})
         report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
-        assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+        assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
         assert (await queue_depths(strict))["hashq.t.dead"] == 0
-        epochs = {r["epoch"] for r in report_records(record)}
+        epochs = {r["epoch"] for r in read_appended(record)}
         assert len(epochs) >= 6, f"the bucket did not really move: epochs {epochs}"
     finally:
         for worker in workers:
@@ -320,7 +291,7 @@ async def test_paused_worker_whose_session_expired_fences_itself(
     grants.assign(before, dict.fromkeys(range(initialized.buckets), 1))
     messages, expected = workload(keys=100, per_key=40)
     await publish(initialized, messages)
-    await eventually(lambda: len(report_records(record)) > 300)
+    await eventually(lambda: len(read_appended(record)) > 300)
 
     stopped_at = worker.stop_process()
     await asyncio.sleep(6)  # three session timeouts: ZooKeeper expires the session
@@ -330,12 +301,12 @@ async def test_paused_worker_whose_session_expired_fences_itself(
     old = incarnation_connections("w1", before.incarnation)
     await eventually(lambda: not _listed(management, old), within=30)
 
-    late = [r for r in report_records(record) if r["start"] > stopped_at]
+    late = [r for r in read_appended(record) if r["start"] > stopped_at]
     assert late == [], f"{len(late)} messages started under a grant of a lost session"
 
     grants.assign(after, dict.fromkeys(range(initialized.buckets), 2))
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
     assert all(r["epoch"] == 2 for r in report.repeats)
 
 
@@ -344,14 +315,12 @@ def _listed(management: Management, pattern: re.Pattern[str]) -> list[str]:
     return [name for name in names if pattern.fullmatch(name)]
 
 
-def _new_incarnation(grants: Grants, old: str, within: float = 30) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+def _new_incarnation(grants: Grants, old: str, within: float = 30) -> Registration:
+    def registered_again() -> Registration | None:
         current = grants.workers().get("w1")
-        if current is not None and current.incarnation != old:
-            return current
-        time.sleep(0.1)
-    raise AssertionError("the worker did not register again after losing its session")
+        return current if current is not None and current.incarnation != old else None
+
+    return wait_until(registered_again, within, every=0.1, what="w1 registering again")
 
 
 async def test_forced_close_reconnects_only_what_is_still_granted(
@@ -368,7 +337,7 @@ async def test_forced_close_reconnects_only_what_is_still_granted(
     messages, expected = workload(keys=200, per_key=20)
     await publish(initialized, messages)
     await wait_for_connection(management, registration.connection)
-    await eventually(lambda: len(report_records(record)) > 500)
+    await eventually(lambda: len(read_appended(record)) > 500)
 
     # While the connection is down, bucket 0 is taken away: it must not come back with it.
     grants.assign(registration, kept)
@@ -381,16 +350,16 @@ async def test_forced_close_reconnects_only_what_is_still_granted(
     bucket_zero_keys = await _keys_of_bucket(initialized, 0, record)
     rest = {key: n for key, n in expected.items() if key not in bucket_zero_keys}
     report = await asyncio.to_thread(wait_for_executions, record, rest, 120)
-    assert (report.missing, report.skipped_ahead, report.overlaps) == ([], [], [])
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
     assert all(r["redelivered"] and r["epoch"] == 1 for r in report.repeats)
-    resumed = [r for r in report_records(record) if r["bucket"] == 0 and r["start"] > announced_at]
+    resumed = [r for r in read_appended(record) if r["bucket"] == 0 and r["start"] > announced_at]
     assert resumed == [], "bucket 0 was consumed again after the reconnect without a grant"
 
 
 async def _keys_of_bucket(settings: Settings, bucket: int, records: Path) -> set[str]:
     """Keys of ``bucket``: those executed from it, and those still queued in it."""
-    seen = {str(r["key"]) for r in report_records(records) if r["bucket"] == bucket}
-    for message in await drain(settings, f"hashq.t.b{bucket:04d}"):
+    seen = {str(r["key"]) for r in read_appended(records) if r["bucket"] == bucket}
+    for message in await take_all(settings, f"hashq.t.b{bucket:04d}"):
         seen.add(str(message.routing_key))
     return seen
 
@@ -422,4 +391,4 @@ async def test_second_signal_exits_at_once_and_loses_nothing(
     second = grants.wait_for_worker("w2")
     grants.assign(second, dict.fromkeys(everything, 2))
     report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
-    assert (report.missing, report.skipped_ahead) == ([], [])
+    assert report.bugs == []  # nothing lost or reordered, no overlap but a fenced zombie's

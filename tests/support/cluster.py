@@ -26,7 +26,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from tools import SERVICES_SCRIPT
+from tools.polling import wait_until
 
 SCRIPT = SERVICES_SCRIPT
 
@@ -289,11 +289,10 @@ def _finish(call: _Call, process: subprocess.Popen[str]) -> str | None:
 
 
 def _wait(probe: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise ClusterError(f"{what} not ready within {timeout:.0f}s")
-        time.sleep(0.25)
+    try:
+        wait_until(probe, timeout, every=0.25, what=f"{what} ready")
+    except TimeoutError as exc:
+        raise ClusterError(str(exc)) from None
 
 
 def _four_letter_word(port: int, word: bytes) -> str:

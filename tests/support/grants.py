@@ -3,13 +3,12 @@ worker can be tested against a real ZooKeeper without the coordinator."""
 
 from __future__ import annotations
 
-import time
-
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from hashq.records import Assignment, BucketRecord, BucketState, Paths, Registration, Release
 from tests.support.helpers import open_zk
+from tools.polling import wait_until
 
 
 class Grants:
@@ -37,22 +36,19 @@ class Grants:
         return found
 
     def wait_for_workers(self, count: int, within: float = 30) -> list[Registration]:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            workers = self.workers()
-            if len(workers) >= count:
-                return sorted(workers.values(), key=lambda r: r.worker_id)
-            time.sleep(0.1)
-        raise AssertionError(f"{count} workers did not register within {within}s")
+        workers = wait_until(
+            self.workers,
+            within,
+            every=0.1,
+            until=lambda w: len(w) >= count,
+            what=f"{count} workers",
+        )
+        return sorted(workers.values(), key=lambda r: r.worker_id)
 
     def wait_for_worker(self, worker_id: str, within: float = 30) -> Registration:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            found = self.workers().get(worker_id)
-            if found is not None:
-                return found
-            time.sleep(0.1)
-        raise AssertionError(f"worker {worker_id} did not register within {within}s")
+        return wait_until(
+            lambda: self.workers().get(worker_id), within, every=0.1, what=f"worker {worker_id}"
+        )
 
     def assign(self, worker: Registration, grants: dict[int, int]) -> None:
         """Make ``grants`` the whole assignment of ``worker``'s current incarnation."""
@@ -65,7 +61,7 @@ class Grants:
             transaction.create(path, data)
         for bucket, epoch in grants.items():
             record = BucketRecord(
-                BucketState.GRANTED.value, worker.worker_id, worker.incarnation, epoch
+                BucketState.GRANTED, worker.worker_id, worker.incarnation, epoch
             ).encode()
             if self.zk.exists(self.paths.bucket(bucket)):
                 transaction.set_data(self.paths.bucket(bucket), record)
@@ -81,10 +77,26 @@ class Grants:
             return None
 
     def wait_for_release(self, bucket: int, epoch: int, within: float = 60) -> Release:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            found = self.release(bucket, epoch)
-            if found is not None:
-                return found
-            time.sleep(0.05)
-        raise AssertionError(f"bucket {bucket} epoch {epoch} not released within {within}s")
+        return wait_until(
+            lambda: self.release(bucket, epoch), within, what=f"release of {bucket} at {epoch}"
+        )
+
+    def records(self, buckets: int) -> dict[int, BucketRecord]:
+        """The bucket records written so far, by bucket."""
+        found = {}
+        for bucket in range(buckets):
+            path = self.paths.bucket(bucket)
+            data = self.zk.exists(path) and self.zk.get(path)[0]
+            if data:
+                found[bucket] = BucketRecord.decode(data)
+        return found
+
+    def all_granted(self, buckets: int, workers: set[str]) -> bool:
+        """Every bucket granted, and every one of ``workers`` owning its share."""
+        found = self.records(buckets)
+        held = [sum(1 for r in found.values() if r.owner == w) for w in workers]
+        return (
+            len(found) == buckets
+            and all(r.state is BucketState.GRANTED and r.owner in workers for r in found.values())
+            and min(held) >= buckets // len(workers)
+        )

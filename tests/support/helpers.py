@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import time
-from collections.abc import Callable
+import subprocess
+import sys
 from typing import Any, TypeVar
 
-from aio_pika.abc import AbstractIncomingMessage
 from kazoo.client import KazooClient
 
 from hashq._io.amqp import connect_amqp
 from hashq._io.management import Management
 from hashq.settings import Settings
 from hashq.topology import Topology
+from hashq_coordinator.fencing.cutoff import close_connection
+from tools.launcher import child_environment
+from tools.polling import eventually
+from tools.queues import take_all
 
 T = TypeVar("T")
 
 
-def child_environment(settings: Settings, **extra: str) -> dict[str, str]:
-    """This process's environment without its own HASHQ_ variables, plus ``settings``'."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("HASHQ_")}
-    return {**env, **settings.environment(), **extra}
+def hashq(
+    settings: Settings, *args: str, stdin: str = "", **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The ``hashq`` command, run as a user runs it, with ``settings`` (and ``env``) as its
+    environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "hashq.admin.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=child_environment(settings, **env),
+        timeout=120,
+    )
 
 
 def open_zk(hosts: str) -> KazooClient:
@@ -31,32 +42,12 @@ def open_zk(hosts: str) -> KazooClient:
     return client
 
 
-async def drain(settings: Settings, queue: str) -> list[AbstractIncomingMessage]:
-    """Every message in ``queue``, taken off it (acknowledged), in queue order."""
-    taken: list[AbstractIncomingMessage] = []
-    connection = await connect_amqp(settings, "test-drain")
-    async with connection:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=500)
-        declared = await channel.declare_queue(queue, passive=True)
-        remaining = declared.declaration_result.message_count or 0
-        if remaining == 0:
-            return taken
-        async with declared.iterator() as messages:
-            async for message in messages:
-                await message.ack()
-                taken.append(message)
-                if len(taken) >= remaining:
-                    break
-    return taken
-
-
 async def key_buckets(settings: Settings) -> dict[str, int]:
     """Drain every bucket queue; map each routing key found to its bucket index."""
     topology = Topology.from_settings(settings)
     mapping: dict[str, int] = {}
     for index, name in enumerate(topology.bucket_queues()):
-        for message in await drain(settings, name):
+        for message in await take_all(settings, name):
             assert message.routing_key is not None
             previous = mapping.setdefault(message.routing_key, index)
             assert previous == index, f"key {message.routing_key} found in two buckets"
@@ -77,31 +68,18 @@ async def queue_depths(settings: Settings) -> dict[str, int]:
 
 async def wait_for_connection(management: Management, name: str, seconds: float = 15) -> None:
     """Wait until the management API lists the connection ``name`` (it lags by seconds)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        listed: list[dict[str, Any]] = await asyncio.to_thread(management.connections)
-        if any(c.get("client_properties", {}).get("connection_name") == name for c in listed):
-            return
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"connection {name} not listed within {seconds}s")
+
+    async def listed() -> bool:
+        found: list[dict[str, Any]] = await asyncio.to_thread(management.connections)
+        return any(c.get("client_properties", {}).get("connection_name") == name for c in found)
+
+    await eventually(listed, seconds, every=0.25, what=f"connection {name} listed")
 
 
 async def close_connection_named(management: Management, name: str) -> None:
     listed: list[dict[str, Any]] = await asyncio.to_thread(management.connections)
     for connection in listed:
         if connection.get("client_properties", {}).get("connection_name") == name:
-            await asyncio.to_thread(management.close_connection, connection["name"], "test")
+            await asyncio.to_thread(close_connection, management, connection["name"], "test")
             return
     raise AssertionError(f"connection {name} not found")
-
-
-async def eventually(
-    condition: Callable[[], T | None], within: float = 60, every: float = 0.05
-) -> T:
-    """Poll ``condition`` until it returns something true, and return that; fail the test after
-    ``within`` seconds. The one polling helper of the tests."""
-    deadline = time.monotonic() + within
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"condition not reached within {within:g}s"
-        await asyncio.sleep(every)
-    return found

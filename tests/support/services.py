@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import SERVICES_SCRIPT
+from tools.polling import wait_until
 
 SCRIPT = SERVICES_SCRIPT
 RABBIT_IMAGE = "rabbitmq:4.1-management"
@@ -152,15 +152,15 @@ def _docker_answers() -> bool:
 def _wait_for_management(url: str, seconds: float) -> None:
     request = urllib.request.Request(f"{url}/api/overview")
     request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")  # guest:guest
-    deadline = time.monotonic() + seconds
-    while True:
+
+    def answers() -> bool:
         try:
             with urllib.request.urlopen(request, timeout=3):
-                return
+                return True
         except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
+            return False
+
+    wait_until(answers, seconds, every=1, what=f"the management API at {url}")
 
 
 def find_endpoints() -> Endpoints | None:

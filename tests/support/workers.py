@@ -1,32 +1,28 @@
-"""Worker processes for the tests, and the checker of what they recorded.
-
-Workers run as real processes (``python -m hashq.worker.cli``), so that kill -9, SIGSTOP and
-SIGTERM are real. The handlers in ``tests/support/handlers.py`` append one JSON line per execution.
+"""Worker and coordinator processes for the tests (``tools.launcher.Child``: real processes, so
+that kill -9, SIGSTOP and SIGTERM are real), and waiting for what they executed. The handlers in
+``tests/support/handlers.py`` append one JSON line per execution, which ``tools.checker`` judges.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from hashq.settings import Settings
-from tests.support.helpers import child_environment
-from tools import ROOT
-from tools.checker import Report, check, read_records
-from tools.launcher import process_state
+from tools.checker import Verdict, check
+from tools.executions import read_appended
+from tools.launcher import Child, child_environment
+from tools.polling import wait_until
 
 __all__ = [
     "SESSION",
-    "Report",
     "StartWorker",
+    "Verdict",
     "WorkerProcess",
     "check",
-    "read_records",
+    "read_appended",
     "start_coordinator",
     "stop_cleanly",
     "wait_for_executions",
@@ -36,8 +32,8 @@ __all__ = [
 SESSION = "2"  # seconds: short ZooKeeper sessions make failover quick to test
 
 
-class WorkerProcess:
-    """A ``hashq-worker`` (or, with ``module``, another hashq command) as a real process."""
+class WorkerProcess(Child):
+    """A ``hashq-worker`` running ``handler`` (or, with ``module``, another hashq command)."""
 
     def __init__(
         self,
@@ -52,46 +48,18 @@ class WorkerProcess:
         env = child_environment(
             settings, HASHQ_WORKER_ID=worker_id, HASHQ_TEST_RECORD=str(record), **(extra or {})
         )
+        argv = ["-m", module, *([handler] if handler else [])]
+        super().__init__(worker_id, argv, env, logs / f"{worker_id}.log")
         self.worker_id = worker_id
-        self.log = logs / f"{worker_id}.log"
-        self._log_file = self.log.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", module, *([handler] if handler else [])],
-            env=env,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-
-    def signal(self, number: int) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, number)
 
     def stop_process(self, within: float = 5) -> float:
-        """SIGSTOP, then wait until the kernel reports the process stopped; returns that time.
-        Until then the process may still start work: the signal is delivered asynchronously."""
-        self.signal(signal.SIGSTOP)
-        deadline = time.monotonic() + within
-        while process_state(self.process.pid) not in ("T", "t"):
-            assert time.monotonic() < deadline, "the process did not stop"
-            time.sleep(0.001)
+        """SIGSTOP, and the time by which the kernel reported the process stopped."""
+        if not self.freeze(within):
+            raise AssertionError(f"{self.name} did not stop within {within:g}s")
         return time.time()
 
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.process.wait(10)
 
-    def wait(self, within: float) -> int:
-        return self.process.wait(within)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.signal(signal.SIGKILL)
-            self.process.wait(10)
-        self._log_file.close()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+StartWorker = Callable[..., WorkerProcess]  # the ``start_worker`` fixture: id, handler, env
 
 
 def stop_cleanly(worker: WorkerProcess, *others: WorkerProcess) -> None:
@@ -112,14 +80,9 @@ def start_coordinator(
     return WorkerProcess(settings, name, "", logs / "unused", logs, env, "hashq_coordinator.cli")
 
 
-def wait_for_executions(path: Path, expected: dict[str, int], within: float) -> Report:
-    """Wait until every expected message has a successful execution (or time runs out)."""
-    deadline = time.monotonic() + within
-    while True:
-        report = check(path, expected)
-        if not report.missing or time.monotonic() > deadline:
-            return report
-        time.sleep(0.25)
-
-
-StartWorker = Callable[..., WorkerProcess]  # the ``start_worker`` fixture: id, handler, env
+def wait_for_executions(path: Path, expected: dict[str, int], within: float) -> Verdict:
+    """Wait until every expected message has a successful execution, or time runs out: the
+    verdict on the records then."""
+    return wait_until(
+        lambda: check(path, expected), within, every=0.25, until=lambda v: not v.lost, or_last=True
+    )

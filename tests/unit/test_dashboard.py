@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from hashq.worker.metrics import CoordinatorMetrics, WorkerMetrics
+from hashq.worker.metrics import WorkerMetrics
+from hashq_coordinator.metrics import CoordinatorMetrics
 from tools import ROOT
 
 DASHBOARD = ROOT / "docs" / "grafana-dashboard.json"

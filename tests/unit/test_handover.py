@@ -8,9 +8,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hashq.records import BucketRecord, Registration
-from hashq_coordinator.handover import View, assignments, committed_owners, step
-from hashq_coordinator.planner import plan
+from hashq.records import BucketRecord, BucketState, Registration
+from hashq_coordinator.machine.handover import View, assignments, committed_owners, step
+from hashq_coordinator.machine.planner import plan
 
 
 def _registration(worker: str, life: int) -> Registration:
@@ -40,7 +40,7 @@ class Grants:
         for bucket, following in changed.items():
             before = records.get(bucket, BucketRecord())
             assert following.epoch >= before.epoch, "an epoch went backwards"
-            if following.state != "granted" or following.epoch == before.epoch:
+            if following.state is not BucketState.GRANTED or following.epoch == before.epoch:
                 continue
             assert following.epoch == before.epoch + 1, "an epoch was skipped"
             if bucket in self.last:
@@ -87,14 +87,14 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
         fenced -= {
             (str(r.owner), str(r.incarnation))
             for r in decision.records.values()
-            if r.state == "granted"
+            if r.state is BucketState.GRANTED
         }
         done = decision.fences if rng.random() < 0.7 else set()
         fenced |= done
         grants.fenced_now(done)
         # Cooperative owners release what they were asked to, most of the time.
         for bucket, record in records.items():
-            if record.state == "revoking" and rng.random() < 0.6:
+            if record.state is BucketState.REVOKING and rng.random() < 0.6:
                 releases.add((bucket, record.epoch))
     for _ in range(20):  # calm: everything settles on the plan
         now += 10.0
@@ -105,10 +105,10 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
         fenced |= decision.fences
         grants.fenced_now(decision.fences)
         for bucket, record in records.items():
-            if record.state == "revoking":
+            if record.state is BucketState.REVOKING:
                 releases.add((bucket, record.epoch))
     owners = [records[b].owner for b in range(buckets)]
-    assert all(records[b].state == "granted" for b in range(buckets))
+    assert all(records[b].state is BucketState.GRANTED for b in range(buckets))
     assert set(owners) <= set(live)
     counts = [owners.count(w) for w in live]
     assert max(counts) - min(counts) <= 1
@@ -116,11 +116,11 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
 
 def test_a_move_revokes_then_grants_at_the_next_epoch() -> None:
     a, b = _registration("a", 0), _registration("b", 0)
-    records = {0: BucketRecord("granted", "a", a.incarnation, 4)}
+    records = {0: BucketRecord(BucketState.GRANTED, "a", a.incarnation, 4)}
     view = View(1, records, {"a": a, "b": b}, frozenset(), frozenset(), 100.0, 30.0)
     revoking = step(view, {0: "b"}).records[0]
     assert (revoking.state, revoking.owner, revoking.target, revoking.epoch) == (
-        "revoking",
+        BucketState.REVOKING,
         "a",
         "b",
         4,
@@ -132,15 +132,15 @@ def test_a_move_revokes_then_grants_at_the_next_epoch() -> None:
         1, {0: revoking}, {"a": a, "b": b}, frozenset({(0, 4)}), frozenset(), 111.0, 30.0
     )
     granted = step(released, {0: "b"}).records[0]
-    assert (granted.state, granted.owner, granted.epoch) == ("granted", "b", 5)
+    assert (granted.state, granted.owner, granted.epoch) == (BucketState.GRANTED, "b", 5)
 
 
 def test_an_owner_that_does_not_release_is_fenced_and_named() -> None:
     a, b = _registration("a", 0), _registration("b", 0)
-    revoking = BucketRecord("revoking", "a", a.incarnation, 4, target="b", since=100.0)
+    revoking = BucketRecord(BucketState.REVOKING, "a", a.incarnation, 4, target="b", since=100.0)
     late = View(1, {0: revoking}, {"a": a, "b": b}, frozenset(), frozenset(), 131.0, 30.0)
     decision = step(late, {0: "b"})
-    assert decision.records[0].state == "fencing"
+    assert decision.records[0].state is BucketState.FENCING
     assert decision.fences == {("a", a.incarnation)}
     assert decision.stuck == {0: ("a", 30.0)}
 
@@ -150,7 +150,7 @@ def test_an_owner_is_given_at_least_its_session_before_it_is_fenced() -> None:
     client notices, within its session: a fence after only its drain timeout (1 s) plus the
     grace could let it start a message after the next owner did (simulation seed 531)."""
     owner = Registration("a", "a1", 1, drain_timeout=1.0, session_timeout=6.0)
-    record = BucketRecord("revoking", "a", "a1", 1, target="b", since=0.0)
+    record = BucketRecord(BucketState.REVOKING, "a", "a1", 1, target="b", since=0.0)
     view = View(1, {0: record}, {"a": owner}, frozenset(), frozenset(), 0.0, 30.0, fence_grace=1.0)
     assert view.revoke_timeout_of(record) == 6.0
     unknown = Registration("a", "a1", 1, drain_timeout=1.0)  # an older worker says no session
@@ -165,13 +165,13 @@ def test_an_owner_is_given_at_least_its_session_before_it_is_fenced() -> None:
 def test_before_membership_settles_only_orphans_move() -> None:
     a, b = _registration("a", 0), _registration("b", 0)
     records = {
-        0: BucketRecord("granted", "a", a.incarnation, 1),
-        1: BucketRecord("granted", "a", a.incarnation, 1),
-        2: BucketRecord("unassigned", None, None, 3),
+        0: BucketRecord(BucketState.GRANTED, "a", a.incarnation, 1),
+        1: BucketRecord(BucketState.GRANTED, "a", a.incarnation, 1),
+        2: BucketRecord(BucketState.UNASSIGNED, None, None, 3),
     }
     view = View(3, records, {"a": a, "b": b}, frozenset(), frozenset(), 1.0, 30.0)
     decision = step(view, {0: "a", 1: "b", 2: "b"}, settled=False)
     assert set(decision.records) == {2}
     assert (decision.records[2].owner, decision.records[2].epoch) == ("b", 4)
     settled = step(view, {0: "a", 1: "b", 2: "b"}, settled=True)
-    assert settled.records[1].state == "revoking"
+    assert settled.records[1].state is BucketState.REVOKING

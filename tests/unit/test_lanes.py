@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hashq.worker.lanes import InOrder, Lanes
+from hashq.worker.machine.lanes import InOrder, Lanes
 from hashq.worker.retry import OnFailure, RetryPolicy
 
 streams = st.lists(st.integers(min_value=0, max_value=12), min_size=0, max_size=200)

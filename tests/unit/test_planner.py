@@ -8,7 +8,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hashq_coordinator.planner import moves, plan, quotas
+from hashq_coordinator.machine.planner import moves, plan, quotas
 
 worker_ids = st.text(alphabet="abcdefgh", min_size=1, max_size=3)
 

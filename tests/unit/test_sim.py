@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-import hashq_coordinator.handover as handover
+import hashq_coordinator.machine.handover as handover
+from hashq.records import BucketState
 from tools.sim.cluster import Cluster, Scenario
 from tools.sim.mutations import MUTATIONS, ROOT, Budget
 from tools.sim.mutations import run as run_mutation
@@ -84,7 +85,7 @@ def test_a_failing_run_shrinks_to_fewer_faults_that_still_fail(
 
     def grant_without_fence(bucket, record, target, view, decision):  # type: ignore[no-untyped-def]
         following = original(bucket, record, target, view, decision)
-        if following.state == handover.FENCING:
+        if following.state is BucketState.FENCING:
             return handover._grant(record, target, view)
         return following
 

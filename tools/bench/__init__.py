@@ -1,1 +1,1 @@
-"""``hashq bench``: hashq against the raw broker on the same machine, in one run."""
+"""The benchmarks (`make bench`): hashq against the raw broker on the same machine, in one run."""

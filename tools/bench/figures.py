@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from hashq.admin.jobs_file import read_appended
+from tools.executions import read_appended
 
 Line = dict[str, Any]
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from hashq.admin.jobs_file import parse_complete_lines
 from hashq.admin.status import gather_status
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
@@ -20,7 +19,9 @@ from hashq.settings import Settings
 from tools.bench.figures import Line, consumed, read_stats
 from tools.bench.probe import stamp
 from tools.bench.raw import publish_raw
+from tools.executions import parse_complete_lines
 from tools.launcher import Fleet, remove_app
+from tools.polling import eventually
 
 BATCH = 1000
 
@@ -40,7 +41,7 @@ class Rig:
         folder.mkdir(parents=True, exist_ok=True)
         self.settings = settings
         self.folder = folder
-        self.stats = folder / "stats.jsonl"
+        self.stats = folder.resolve() / "stats.jsonl"  # the children run from the repository
         self.stats.unlink(missing_ok=True)  # a rerun into the same folder starts afresh
         self._read_up_to = 0
         self._consumed = 0
@@ -73,23 +74,24 @@ class Rig:
     async def consuming(self, workers: list[str] | None, within: float = 60) -> None:
         """Until every bucket queue has a consumer (and, for hashq ``workers``, each holds a
         share and no handover is in progress)."""
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
+
+        async def every_bucket_taken() -> bool:
             status = await gather_status(self.settings)
-            if all(queue.consumers >= 1 for queue in status.buckets) and (
+            return all(queue.consumers >= 1 for queue in status.buckets) and (
                 workers is None
                 or (all(status.held_by(w) for w in workers) and not status.in_transit)
-            ):
-                return
-            await asyncio.sleep(0.2)
-        raise TimeoutError(f"the consumers did not take every bucket within {within:g}s")
+            )
+
+        await eventually(every_bucket_taken, within, every=0.2, what="every bucket consumed")
 
     async def caught_up(self, total: int, within: float = 120) -> None:
-        deadline = time.monotonic() + within
-        while self._consumed_so_far() < total:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{consumed(self.lines()):,} of {total:,} consumed in {within}s")
-            await asyncio.sleep(0.1)
+        await eventually(
+            self._consumed_so_far,
+            within,
+            every=0.1,
+            until=lambda n: n >= total,
+            what=f"{total:,} consumed",
+        )
 
     def _consumed_so_far(self) -> int:
         """Messages consumed, reading only what the consumers appended since the last call (the
@@ -106,18 +108,17 @@ class Rig:
     async def drained(self, within: float = 120) -> None:
         """Until the bucket queues are empty and the consumers' records are written. For runs
         where a killed consumer's last records are lost, so counting cannot tell."""
-        deadline = time.monotonic() + within
-        empty_since: float | None = None
-        while time.monotonic() < deadline:
+        empty_since: list[float] = []  # since when the queues are empty, if they are
+
+        async def empty_for_a_second() -> bool:
             status = await gather_status(self.settings)
-            if status.total_messages == 0:
-                empty_since = empty_since or time.monotonic()
-                if time.monotonic() - empty_since >= 1.0:
-                    return
-            else:
-                empty_since = None
-            await asyncio.sleep(0.2)
-        raise TimeoutError(f"the bucket queues were not empty within {within:g}s")
+            if status.total_messages:
+                empty_since.clear()
+                return False
+            empty_since[:] = empty_since or [time.monotonic()]
+            return time.monotonic() - empty_since[0] >= 1.0
+
+        await eventually(empty_for_a_second, within, every=0.2, what="empty bucket queues")
 
     async def publish_raw(self, count: int, key_count: int) -> float:
         """Publish ``count`` messages with the raw publisher; returns the seconds it took."""

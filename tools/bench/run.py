@@ -1,6 +1,6 @@
-"""``hashq bench``: every step in one run, so that ratios compare figures taken minutes apart
-on the same machine. Progress goes to stderr; the figures to a JSON file (and, with
-``--json``, to stdout as one object)."""
+"""``make bench`` (``python -m tools.bench.run``): every step in one run, so that ratios compare
+figures taken minutes apart on the same machine. Progress goes to stderr; the figures to a JSON
+file (and, with ``--json``, to stdout as one object)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any
 
 from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq.settings import Settings
+from tools import say
 from tools.bench import steps
 from tools.bench.plot import plot
 from tools.bench.rig import bench_app
@@ -54,31 +55,31 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
     app = settings.model_copy(update={"app": f"bench-{time.strftime('%H%M%S')}"})
     results: dict[str, Any] = {"machine": machine(), "plan": asdict(plan), "buckets": app.buckets}
     async with bench_app(app):
-        steps.say("1. raw aiormq publisher and consumer")
+        say("1. raw aiormq publisher and consumer")
         raw = results["raw"] = await steps.throughput(app, folder / "raw", plan, "raw")
-        steps.say(f"    {raw}")
-        steps.say("2. hashq publisher and worker, no-op handler")
+        say(f"    {raw}")
+        say("2. hashq publisher and worker, no-op handler")
         hashq = results["hashq"] = await steps.throughput(
             app, folder / "hashq", plan, "tools.bench.probe:noop"
         )
-        steps.say(f"    {hashq}")
-        steps.say("   the consuming side alone: queues filled first, then the consumer started")
+        say(f"    {hashq}")
+        say("   the consuming side alone: queues filled first, then the consumer started")
         raw["consumed_per_s"] = (await steps.drain(app, folder / "raw-drain", plan, "raw"))[
             "consumed_per_s"
         ]
         hashq["consumed_per_s"] = (
             await steps.drain(app, folder / "hashq-drain", plan, "tools.bench.probe:noop")
         )["consumed_per_s"]
-        steps.say(f"    raw {raw['consumed_per_s']}/s, hashq {hashq['consumed_per_s']}/s")
+        say(f"    raw {raw['consumed_per_s']}/s, hashq {hashq['consumed_per_s']}/s")
         rate = hashq["end_to_end_per_s"] / 2
         if not plan.quick:
-            steps.say(f"    latency at {rate:.0f}/s (half the maximum)")
+            say(f"    latency at {rate:.0f}/s (half the maximum)")
             results["latency"] = await steps.steady(app, folder / "latency", plan, rate)
-            steps.say(f"    {results['latency']}")
-        steps.say(f"3. handover: a second worker joins under {rate:.0f}/s")
+            say(f"    {results['latency']}")
+        say(f"3. handover: a second worker joins under {rate:.0f}/s")
         results["handover"] = await steps.handover(app, folder / "handover", plan, rate)
-        steps.say(f"    {results['handover']}")
-        steps.say(f"4. failover: kill -9 of a worker under {rate:.0f}/s")
+        say(f"    {results['handover']}")
+        say(f"4. failover: kill -9 of a worker under {rate:.0f}/s")
         sessions = [plan.short_session] if plan.quick else [plan.short_session, plan.session]
         results["failover"] = []
         for session in sessions:
@@ -86,7 +87,7 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
                 app, folder / f"failover-{session:g}s", plan, rate, session
             )
             results["failover"].append(result)
-            steps.say(f"    {result}")
+            say(f"    {result}")
         if not plan.quick:
             await full_only(app, plan, folder, results)
     if not plan.quick:
@@ -96,12 +97,12 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
 
 
 async def full_only(app: Settings, plan: Plan, folder: Path, results: dict[str, Any]) -> None:
-    steps.say(f"5. memory: a worker after messages of {plan.distinct_keys:,} distinct keys")
+    say(f"5. memory: a worker after messages of {plan.distinct_keys:,} distinct keys")
     results["many_keys"] = await steps.many_keys(app, folder / "many-keys", plan)
-    steps.say(f"    {results['many_keys']}")
-    steps.say(f"6. the seed workload: 5,000 events/s for {plan.seed_seconds:g}s")
+    say(f"    {results['many_keys']}")
+    say(f"6. the seed workload: 5,000 events/s for {plan.seed_seconds:g}s")
     results["seed_workload"] = await steps.seed_workload(app, folder / "seed", plan)
-    steps.say(f"    {results['seed_workload']}")
+    say(f"    {results['seed_workload']}")
 
 
 async def sleepy(settings: Settings, plan: Plan, folder: Path, results: dict[str, Any]) -> None:
@@ -111,7 +112,7 @@ async def sleepy(settings: Settings, plan: Plan, folder: Path, results: dict[str
         update={"app": f"bench-sleepy-{time.strftime('%H%M%S')}", "buckets": SLEEPY_BUCKETS}
     )
     smaller = replace(plan, messages=SLEEPY_MESSAGES)
-    steps.say(f"7. handlers sleeping 1-5 ms, {SLEEPY_BUCKETS} buckets")
+    say(f"7. handlers sleeping 1-5 ms, {SLEEPY_BUCKETS} buckets")
     async with bench_app(few):
         per_key = await steps.throughput(few, folder / "sleepy-per-key", smaller, SLEEPY)
         one_at_a_time = await steps.throughput(
@@ -123,7 +124,7 @@ async def sleepy(settings: Settings, plan: Plan, folder: Path, results: dict[str
         "one_at_a_time_per_bucket_per_s": one_at_a_time["end_to_end_per_s"],
         "speedup": round(per_key["end_to_end_per_s"] / one_at_a_time["end_to_end_per_s"], 2),
     }
-    steps.say(f"    {results['sleepy']}")
+    say(f"    {results['sleepy']}")
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
@@ -209,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", help="where to write the PNG plot (default: in --out)")
     args = parser.parse_args(argv)
     logging_from_args(args)
-    return run_command(bench, args, parser.prog)
+    return run_command(bench, args, parser.prog, Settings)
 
 
 if __name__ == "__main__":

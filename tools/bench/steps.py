@@ -36,10 +36,6 @@ class Plan:
         return cls(messages=20_000, steady_seconds=6.0, quick=True)
 
 
-def say(text: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')}  {text}", flush=True)
-
-
 async def throughput(
     settings: Settings, folder: Path, plan: Plan, consumer: str, *flags: str
 ) -> dict[str, Any]:

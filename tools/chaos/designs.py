@@ -4,18 +4,15 @@ where publishers send, and which queues hold what is left at the end."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
-
-from hashq._io.amqp import connect_amqp, connection_name
 from hashq.provision import ensure_topology
 from hashq.settings import Settings
 from hashq.topology import Topology
 from tools.chaos import naive
 from tools.launcher import remove, remove_app
+from tools.queues import take_all
 
 
 @dataclass(frozen=True)
@@ -80,37 +77,10 @@ DESIGNS = {
 }
 
 
-async def take_all(settings: Settings, queues: list[str]) -> set[tuple[str, int]]:
-    """Empty ``queues`` (at the end of a run) and return the (key, seq) of what they held.
-
-    By consuming: quorum queues with single-active-consumer refuse basic.get.
-    """
+async def leftovers(settings: Settings, queues: list[str]) -> set[tuple[str, int]]:
+    """Empty ``queues`` (at the end of a run) and return the (key, seq) of what they held."""
     found: set[tuple[str, int]] = set()
-    connection = await connect_amqp(settings, connection_name("chaos-leftovers"))
-    async with connection:
-        channel = await connection.channel()
-        for name in queues:
-            queue = await channel.declare_queue(name, passive=True)
-            expected = queue.declaration_result.message_count
-            if expected:
-                found |= await _consume(queue, expected)
+    for name in queues:
+        for message in await take_all(settings, name):
+            found.add((str(message.routing_key), int(json.loads(message.body)["seq"])))
     return found
-
-
-async def _consume(queue: AbstractQueue, expected: int) -> set[tuple[str, int]]:
-    taken: set[tuple[str, int]] = set()
-    arrived = asyncio.Event()
-
-    async def take(message: AbstractIncomingMessage) -> None:
-        taken.add((str(message.routing_key), int(json.loads(message.body)["seq"])))
-        arrived.set()
-
-    tag = await queue.consume(take, no_ack=True)
-    while len(taken) < expected:
-        arrived.clear()
-        try:
-            await asyncio.wait_for(arrived.wait(), 3.0)
-        except TimeoutError:
-            break
-    await queue.cancel(tag)
-    return taken

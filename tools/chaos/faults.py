@@ -15,17 +15,12 @@ from typing import Any
 from hashq._io.zk import close_zk, connect_zk
 from hashq.records import Leadership, Paths
 from hashq.settings import Settings
-from tools import SERVICES_SCRIPT
+from tools import SERVICES_SCRIPT, say
 from tools.chaos.designs import Design
 from tools.launcher import Fleet
 
-SERVICES = SERVICES_SCRIPT
 SESSION_SECONDS = 4.0
 FAULT_KINDS = ("kill", "start", "term", "stop", "leader", "rabbitmq", "zookeeper")  # Chaos.kinds
-
-
-def say(text: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')}  {text}", flush=True)
 
 
 class Chaos:
@@ -103,8 +98,9 @@ class Chaos:
 
     def kill_worker(self) -> None:
         if victim := self._victim():
-            sent = self.fleet.signal(victim, signal.SIGKILL)
-            self.note("kill -9 worker", victim, sent and self.fleet.wait(victim, 5))
+            child = self.fleet.processes[victim]
+            sent = child.signal(signal.SIGKILL)
+            self.note("kill -9 worker", victim, sent and child.wait(5) is not None)
 
     def start_worker(self) -> None:
         self.note("start worker", self.start("worker"))
@@ -115,8 +111,7 @@ class Chaos:
 
     async def stop_worker(self) -> None:
         if victim := self._victim():
-            sent = self.fleet.signal(victim, signal.SIGSTOP)
-            entry = self.note("SIGSTOP worker", victim, sent and self.fleet.frozen(victim))
+            entry = self.note("SIGSTOP worker", victim, self.fleet.processes[victim].freeze())
             await asyncio.sleep(SESSION_SECONDS * 2.5)
             self.fleet.signal(victim, signal.SIGCONT)
             entry["until"] = time.time()
@@ -128,8 +123,9 @@ class Chaos:
             return
         leader = await asyncio.to_thread(read_leader, self.settings)
         if leader and leader in self.fleet.processes:
-            sent = self.fleet.signal(leader, signal.SIGKILL)
-            self.note("kill -9 leader", leader, sent and self.fleet.wait(leader, 5))
+            child = self.fleet.processes[leader]
+            sent = child.signal(signal.SIGKILL)
+            self.note("kill -9 leader", leader, sent and child.wait(5) is not None)
             self.start("coordinator")
         else:
             self.note("kill -9 leader", str(leader), took_effect=False)
@@ -144,7 +140,7 @@ class Chaos:
 
 
 def services(command: str, service: str) -> bool:
-    done = subprocess.run(["bash", str(SERVICES), command, service], capture_output=True)
+    done = subprocess.run(["bash", str(SERVICES_SCRIPT), command, service], capture_output=True)
     if done.returncode != 0:
         say(f"services.sh {command} {service}: {done.stderr.decode(errors='replace').strip()}")
     return done.returncode == 0
@@ -152,7 +148,7 @@ def services(command: str, service: str) -> bool:
 
 def read_leader(settings: Settings) -> str | None:
     try:
-        zk = connect_zk(settings)
+        zk = connect_zk(settings, "coordinator")
     except Exception:
         return None
     try:

@@ -34,6 +34,7 @@ from kazoo.exceptions import KazooException, NodeExistsError
 from hashq._io.zk import close_zk, connect_zk
 from hashq.settings import Settings, load_settings
 from tools.chaos.handler import execute
+from tools.polling import eventually
 
 PREFETCH = 20
 log = logging.getLogger("tools.chaos.naive")
@@ -67,7 +68,7 @@ async def declare(settings: Settings, design: str) -> None:
                 name, durable=True, arguments={"x-queue-type": "quorum"}
             )
             await queue.bind(exchange, routing_key="1")
-    zk = await asyncio.to_thread(connect_zk, settings)
+    zk = await asyncio.to_thread(connect_zk, settings, "coordinator")
     try:
         root = zk_root(design, settings.app)
         for child in ("members", "locks"):
@@ -113,13 +114,11 @@ class Consumer:
         )
         self.channel = await self.connection.channel()
         await self.channel.set_qos(prefetch_count=PREFETCH)
-        self.zk = await asyncio.to_thread(connect_zk, self.settings)
+        self.zk = await asyncio.to_thread(connect_zk, self.settings, "coordinator")
 
     async def close(self) -> None:
-        for _ in range(100):  # finish what is in hand, as a polite consumer does, for 10 s at most
-            if self.in_flight == 0:
-                break
-            await asyncio.sleep(0.1)
+        # Finish what is in hand, as a polite consumer does, for 10 s at most.
+        await eventually(lambda: self.in_flight == 0, 10, every=0.1, or_last=True)
         with contextlib.suppress(Exception):
             await self.connection.close()
         await asyncio.to_thread(close_zk, self.zk)

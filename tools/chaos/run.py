@@ -4,12 +4,12 @@ For each design (hashq; ``split``: the consistent-hash exchange re-split among c
 ``lock``: one queue with a per-key lock), the same workload and the same seeded fault schedule:
 several workers (plus two coordinators for hashq) and two publishers, one of them a plain AMQP
 client, run as separate processes while faults kill, stop and restart them and restart RabbitMQ
-and ZooKeeper. The checker (``tools.chaos.checker``) then reads what was confirmed, executed, dead-
+and ZooKeeper. The checker (``tools.checker``) then reads what was confirmed, executed, dead-
 lettered and left in queues.
 
 Exit status 0 only if, for hashq, nothing was lost or reordered, no two executions of one key
 overlapped within one epoch, and no execution started at an epoch older than its bucket's
-newest (``tools.chaos.checker``). The baselines' counts are reported, not judged.
+newest (``tools.checker``). The baselines' counts are reported, not judged.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hashq.admin.jobs_file import count_lines
 from hashq.settings import Settings, load_settings
-from tools import ROOT
-from tools.chaos.checker import judge, read_lines
-from tools.chaos.designs import DESIGNS, Design, take_all
-from tools.chaos.faults import FAULT_KINDS, SESSION_SECONDS, Chaos, say
+from tools import say
+from tools.chaos.designs import DESIGNS, Design, leftovers
+from tools.chaos.faults import FAULT_KINDS, SESSION_SECONDS, Chaos
 from tools.chaos.recovery import recoveries
+from tools.checker import judge
+from tools.executions import count_lines, read_all, read_appended
 from tools.launcher import Fleet
+from tools.polling import eventually
 
 
 class Files:
@@ -56,7 +57,6 @@ async def run_design(
         settings,
         files.folder,
         {"HASHQ_ZK_SESSION_TIMEOUT": str(SESSION_SECONDS), "HASHQ_CHAOS_RECORD": str(files.record)},
-        cwd=ROOT,
     )
     schedule = args.faults.split(",") if args.faults else None
     chaos = Chaos(fleet, design, settings, args.seed, schedule)
@@ -76,10 +76,10 @@ async def run_design(
         await drain_until_done(chaos, files, args.drain)
     finally:
         fleet.stop_all()
-    executions = read_lines([files.record])
-    dead = await take_all(settings, [q for q in [design.dead_letter_queue(settings)] if q])
-    queued = await take_all(settings, design.queues(settings))
-    verdict = judge(read_lines(files.confirmed), executions, dead, queued)
+    executions = read_appended(files.record)
+    dead = await leftovers(settings, [q for q in [design.dead_letter_queue(settings)] if q])
+    queued = await leftovers(settings, design.queues(settings))
+    verdict = judge(read_all(files.confirmed), executions, dead, queued)
     if not args.keep:
         await design.remove(settings)
     return {
@@ -139,15 +139,18 @@ async def drain_until_done(chaos: Chaos, files: Files, within: float) -> None:
     # The publishers stop on their own; their last batch is confirmed and recorded after the
     # faults end. Comparing before they exit would miss it, and stop the workers too early.
     for publisher in chaos.fleet.alive("publisher"):
-        await asyncio.to_thread(chaos.fleet.wait, publisher, deadline - time.monotonic())
-    while time.monotonic() < deadline:
-        sent = {(r["key"], r["seq"]) for r in read_lines(files.confirmed)}
-        done = {(r["key"], r["seq"]) for r in read_lines([files.record])}
-        if sent <= done:
-            return
-        say(f"draining: {len(sent - done):,} confirmed messages not yet executed")
-        await asyncio.sleep(3.0)
-    say("stopped waiting: what is still queued counts as unfinished, the rest as lost")
+        await asyncio.to_thread(chaos.fleet.processes[publisher].wait, deadline - time.monotonic())
+
+    def all_executed() -> bool:
+        sent = {(r["key"], r["seq"]) for r in read_all(files.confirmed)}
+        left = sent - {(r["key"], r["seq"]) for r in read_appended(files.record)}
+        if left:
+            say(f"draining: {len(left):,} confirmed messages not yet executed")
+        return not left
+
+    left = deadline - time.monotonic()
+    if not await eventually(all_executed, left, every=3.0, or_last=True):
+        say("stopped waiting: what is still queued counts as unfinished, the rest as lost")
 
 
 def progress(fleet: Fleet, files: Files, started: float) -> None:

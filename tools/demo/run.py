@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 from hashq._io.command import logging_from_args, run_command, settings_flags
-from hashq.admin.jobs_file import count_lines
 from hashq.admin.status import gather_status
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
-from tools import ROOT
+from tools import say
 from tools.checker import check
+from tools.executions import count_lines
 from tools.launcher import Fleet, remove_app
 
 
@@ -39,10 +39,6 @@ def start(fleet: Fleet, name: str) -> None:
         handler = "tools.demo.videos:transcode"
         fleet.start(name, "-m", "hashq.worker.cli", handler, "--worker-id", name)
     say(f"started {name}")
-
-
-def say(text: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')}  {text}", flush=True)
 
 
 async def publish_stream(
@@ -89,7 +85,6 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
             "HASHQ_ZK_SESSION_TIMEOUT": "3",  # a killed worker's buckets move within seconds
             "HASHQ_DEMO_RECORD": str(record),
         },
-        cwd=ROOT,
     )
     published: dict[str, int] = {}
     say(f"app {settings.app}: {settings.buckets} buckets; logs and records in {scratch}")
@@ -132,7 +127,7 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _behind(record: Path, published: dict[str, int]) -> bool:
-    return bool(check(record, published).missing)
+    return bool(check(record, published).lost)
 
 
 def report(record: Path, published: dict[str, int]) -> int:
@@ -140,14 +135,14 @@ def report(record: Path, published: dict[str, int]) -> int:
     total = sum(published.values())
     print()
     print(f"  published          {total:>8,}")
-    print(f"  processed          {total - len(result.missing):>8,}")
-    repeats = len(result.repeats)
+    print(f"  processed          {total - len(result.lost):>8,}")
+    repeats = len(result.duplicates)
     print(f"  executions         {result.executions:>8,}  (redelivered repeats: {repeats})")
     print(f"  keys               {len(published):>8,}")
-    print(f"  order violations   {len(result.skipped_ahead):>8,}")
+    print(f"  order violations   {len(result.reordered):>8,}")
     print(f"  overlapping runs   {len(result.overlaps):>8,}")
-    print(f"  lost               {len(result.missing):>8,}")
-    healthy = not (result.missing or result.skipped_ahead or result.overlaps)
+    print(f"  lost               {len(result.lost):>8,}")
+    healthy = not (result.lost or result.reordered or result.overlaps)
     print("\n  " + ("OK: every user's uploads in order, none lost" if healthy else "FAILED"))
     return 0 if healthy else 1
 
@@ -165,7 +160,7 @@ def main() -> int:
     args = parser.parse_args()
     logging_from_args(args, default_level="WARNING")
     with contextlib.suppress(KeyboardInterrupt):
-        return run_command(demo, args, parser.prog)
+        return run_command(demo, args, parser.prog, Settings)
     return 130
 
 

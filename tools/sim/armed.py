@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hashq.records import BucketRecord, BucketState
-from hashq_coordinator.machine import Commit
+from hashq_coordinator.machine.events import Commit
 from tools.sim.faults import Fault
 from tools.sim.links import cut_zk, cut_zk_for, freeze, heal_both, partition_for, thaw
 
@@ -108,7 +108,7 @@ def _freeze_until_moved(cluster: Cluster, worker: SimWorker) -> None:
     deadline = world.now + (MOVED_WITHIN if held else session * world.rng.uniform(1.5, 3.0))
 
     def moved() -> bool:
-        return any(cluster.checker.newest_start(bucket) > epoch for bucket, epoch in held)
+        return any(cluster.invariants.newest_start(bucket) > epoch for bucket, epoch in held)
 
     world.note(f"{worker.name} frozen again as it checks its session, holding {held}")
     freeze(cluster, worker)
@@ -140,7 +140,7 @@ def _revoked_owner(cluster: Cluster, commit: Commit) -> SimWorker | None:
     record names and nothing else has cut it off."""
     for _, record in sorted(commit.records.items()):
         worker = _running(cluster, record)
-        if record.state == BucketState.REVOKING.value and worker is not None:
+        if record.state is BucketState.REVOKING and worker is not None:
             return worker
     return None
 

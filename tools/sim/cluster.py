@@ -13,7 +13,7 @@ from hashq.records import Assignment, BucketRecord, BucketState, Registration
 from tools.sim.coordinator import CoordinatorConfig, SimCoordinator
 from tools.sim.faults import Fault, draw_faults
 from tools.sim.inject import apply, heal_all, strand
-from tools.sim.invariants import Checker
+from tools.sim.invariants import Invariants
 from tools.sim.rabbit import Broker
 from tools.sim.worker import DRAIN_TIMEOUTS, PATHS, WITHDRAW_DELAYS, SimWorker, WorkerConfig
 from tools.sim.world import Violation, World
@@ -115,7 +115,7 @@ class Cluster:
         self.scenario = scenario
         self.faults = list(scenario.faults if faults is None else faults)
         self.world = World(scenario.seed)
-        self.checker = Checker()
+        self.invariants = Invariants()
         self.zk = ZooKeeper(self.world)
         self.broker = Broker(
             self.world,
@@ -124,7 +124,7 @@ class Cluster:
             heartbeat=3.0,
             listing_lag=scenario.coordinator_config.management_lag,
         )
-        self.broker.on_consumers = self.checker.consumer_added
+        self.broker.on_consumers = self.invariants.consumer_added
         self.worker_configs = list(scenario.worker_configs)  # a rolling upgrade changes them
         self.upgrades = 0  # rolling upgrades begun
         self.upgrading = 0  # the one under way (0: none)
@@ -140,7 +140,13 @@ class Cluster:
     def start_worker(self, index: int) -> None:
         config = self.worker_configs[index]
         worker = SimWorker(
-            self.world, f"w{index}", self.broker, self.zk, self.checker, config, self._handler_time
+            self.world,
+            f"w{index}",
+            self.broker,
+            self.zk,
+            self.invariants,
+            config,
+            self._handler_time,
         )
         if index < len(self.workers):
             self.workers[index] = worker
@@ -154,7 +160,7 @@ class Cluster:
             f"c{index}",
             self.broker,
             self.zk,
-            self.checker,
+            self.invariants,
             self.scenario.coordinator_config,
         )
         if index < len(self.coordinators):
@@ -225,12 +231,12 @@ class Cluster:
         self.outcome.steps = self.world.steps
         self.outcome.virtual_seconds = self.world.now
         self.outcome.confirmed = len(self.confirmed)
-        self.outcome.executions = self.checker.counts.executions
+        self.outcome.executions = self.invariants.checker.verdict.executions
         self.outcome.trace = self.world.trace
         return self.outcome
 
     def _check(self) -> None:
-        """The invariants checked on every step beyond those the checker sees as they happen."""
+        """The invariants checked on every step beyond those seen as executions start and end."""
 
     def _apply(self, fault: Fault) -> None:
         if apply(self, fault):
@@ -282,7 +288,7 @@ class Cluster:
 
     def _unfinished(self) -> str:
         dead = {(m.key, m.seq) for m in self.broker.dead}
-        lost = self.confirmed - self.checker.completed - dead
+        lost = self.confirmed - self.invariants.completed - dead
         if lost:
             return f"{len(lost)} confirmed messages never completed (e.g. {sorted(lost)[:3]})"
         backlog = self.broker.backlog()
@@ -295,7 +301,7 @@ class Cluster:
         held: Counter[str] = Counter()
         for bucket in range(self.scenario.buckets):
             record = _read_record(self.zk, bucket)
-            granted = record is not None and record.state == BucketState.GRANTED.value
+            granted = record is not None and record.state is BucketState.GRANTED
             owner = live.get(str(record.owner)) if record is not None else None
             if record is None or not granted or owner is None:
                 return f"bucket {bucket} not granted to a live worker: {record}"

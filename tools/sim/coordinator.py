@@ -1,6 +1,6 @@
 """A simulated coordinator: the production ``CoordinatorMachine`` on virtual time, with edges
-that do what ``hashq_coordinator.service``, ``hashq_coordinator.store`` and
-``hashq_coordinator.fencing`` do against the server models: the lock recipe, the claim, the
+that do what ``hashq_coordinator.runtime``, ``hashq_coordinator.store`` and
+``hashq_coordinator.fencing.fencer`` do against the server models: the lock recipe, the claim, the
 checked commit, and fences through the liveness queue and the management API."""
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from hashq.records import (
     incarnation_connections,
     parse_release_name,
 )
-from hashq_coordinator import machine as cm
-from hashq_coordinator.fencebook import Incarnation
-from tools.sim.invariants import Checker
+from hashq_coordinator.machine import events as cm
+from hashq_coordinator.machine.core import CoordinatorMachine
+from hashq_coordinator.machine.fencebook import Incarnation
+from tools.sim.invariants import Invariants
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker
 from tools.sim.worker import PATHS
@@ -38,7 +39,6 @@ from tools.sim.zoo import (
 
 TICK_SECONDS = 0.5
 RETRY_SECONDS = 1.0
-GRANTED = BucketState.GRANTED.value
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,12 @@ class SimCoordinator(Process):
         name: str,
         broker: Broker,
         zk: ZooKeeper,
-        checker: Checker,
+        invariants: Invariants,
         config: CoordinatorConfig,
     ) -> None:
         super().__init__(world, name)
-        self.broker, self.zk, self.checker, self.config = broker, zk, checker, config
-        self.machine = cm.CoordinatorMachine(
+        self.broker, self.zk, self.invariants, self.config = broker, zk, invariants, config
+        self.machine = CoordinatorMachine(
             name,
             broker.buckets,
             settle=config.settle,
@@ -284,7 +284,7 @@ class SimCoordinator(Process):
             armed, self.on_commit = self.on_commit, None
             armed(commit)
         alive = getattr(self, "_alive_node", "")
-        checker = self.checker
+        invariants = self.invariants
 
         def write(zk: ZooKeeper, _: int) -> None:
             ops: list[Callable[[ZooKeeper], object]] = [
@@ -304,8 +304,8 @@ class SimCoordinator(Process):
                 ops.append(lambda z, n=name: z.delete(f"{PATHS.releases}/{n}"))  # type: ignore[misc]
             zk.multi(ops)
             for bucket, record in sorted(commit.records.items()):  # applied: check the epochs
-                if record.state == GRANTED and record.owner:
-                    checker.granted(bucket, record.epoch)
+                if record.state is BucketState.GRANTED and record.owner:
+                    invariants.granted(bucket, record.epoch)
 
         def written(answer: Any) -> None:
             if isinstance(answer, ZkError):

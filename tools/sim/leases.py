@@ -1,5 +1,6 @@
-"""A simulated worker's bucket leases and the jobs delivered on them: what ``hashq.worker.bucket``
-and ``hashq.worker.runners`` do, on virtual time, against the broker model.
+"""A simulated worker's bucket leases and the jobs delivered on them: what
+``hashq.worker.bucket_lease``, ``hashq.worker.jobs`` and ``hashq.worker.runners`` do, on virtual
+time, against the broker model.
 
 Handlers take a duration drawn from the seed; a "thread" handler cannot be stopped (it runs on
 after its lease is cut off), an async one stops when told. Acknowledgements go out in batches
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from hashq.worker.acks import ACK_DELAY, AckWindow
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.lease import LeaseCore
-from tools.sim.invariants import Checker, Execution
+from tools.sim.invariants import Execution, Invariants
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker, Connection, Msg
 
@@ -61,7 +62,7 @@ class LeaseRunner:
         process: Process,
         post: Callable[[ev.Event], None],
         broker: Broker,
-        checker: Checker,
+        invariants: Invariants,
         prefetch: int,
         concurrency: int,
         handler_time: Callable[[], tuple[float, bool]],
@@ -69,7 +70,7 @@ class LeaseRunner:
         self._process = process
         self._worker_id, self._world = process.name, process.world  # its name is the worker's id
         self._post = post
-        self._broker, self._checker = broker, checker
+        self._broker, self._invariants = broker, invariants
         self._prefetch, self._concurrency = prefetch, concurrency
         self._handler_time = handler_time
         self.leases: dict[int, SimLease] = {}  # by machine lease number
@@ -155,7 +156,7 @@ class LeaseRunner:
         lease = job.lease
         lease.core.started(job)
         self._running += 1
-        job.execution = self._checker.start(
+        job.execution = self._invariants.start(
             self._worker_id, job.msg.key, job.msg.seq, lease.bucket, lease.epoch, self._world.now
         )
         self._process.later(job.duration, lambda: self._returned(job))
@@ -185,7 +186,7 @@ class LeaseRunner:
 
     def _end(self, job: Job, completed: bool) -> None:
         if job.execution is not None and job.execution.running:
-            self._checker.end(job.execution, completed)
+            self._invariants.end(job.execution, completed)
 
     def _after_job(self, lease: SimLease) -> None:
         if lease.core.idle and lease.on_idle:

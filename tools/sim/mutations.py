@@ -30,7 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # What ``python -m tools.sim.run`` imports, copied with the repository's layout so that a
 # mutation's path is the same in the copy; ``tools/__init__.py`` makes ``tools`` a package.
-COPIED = ("hashq", "coordinator/hashq_coordinator", "tools/sim", "tools/__init__.py")
+COPIED = (
+    "hashq",
+    "coordinator/hashq_coordinator",
+    "tools/sim",
+    "tools/__init__.py",
+    "tools/checker.py",
+    "tools/executions.py",
+)
 VIOLATION = re.compile(r"^seed (\d+): VIOLATION (.*)$", re.MULTILINE)
 NAMES = re.compile(r"\b[wb]\d+\b")  # a worker (w3) or a bucket queue (b0007)
 
@@ -62,7 +69,7 @@ class Result:
 
 WORKER = "hashq/worker/machine/core.py"
 LEASES = "hashq/worker/machine/leases.py"
-BOOK = "coordinator/hashq_coordinator/fencebook.py"
+BOOK = "coordinator/hashq_coordinator/machine/fencebook.py"
 
 MUTATIONS = (
     Mutation(
@@ -76,7 +83,7 @@ MUTATIONS = (
     Mutation(
         "finding-2",
         "finding 2: a failed claim keeps its lock",
-        "coordinator/hashq_coordinator/machine.py",
+        "coordinator/hashq_coordinator/machine/core.py",
         "return [GiveBack()]",
         "return []",
     ),
@@ -129,10 +136,10 @@ MUTATIONS = (
     Mutation(
         "no-fence",
         "no fence at all (grant from `fencing` at once)",
-        "coordinator/hashq_coordinator/handover.py",
+        "coordinator/hashq_coordinator/machine/handover.py",
         "        following = _next(bucket, record, target, view, decision)\n",
         "        following = _next(bucket, record, target, view, decision)\n"
-        "        if following.state == FENCING:\n"
+        "        if following.state is BucketState.FENCING:\n"
         "            following = _grant(record, target, view)\n",
     ),
     Mutation(
@@ -150,9 +157,9 @@ MUTATIONS = (
     Mutation(
         "same-epoch",
         "a grant at the same epoch",
-        "coordinator/hashq_coordinator/handover.py",
-        "registration.incarnation, record.epoch + 1)",
-        "registration.incarnation, record.epoch)",
+        "coordinator/hashq_coordinator/machine/handover.py",
+        "registration.incarnation, record.epoch + 1\n",
+        "registration.incarnation, record.epoch\n",
     ),
     Mutation(
         "no-withdrawal",
@@ -211,7 +218,7 @@ MUTATIONS = (
     Mutation(
         "revoke-within-drain",
         "a revoke waits only the owner's drain timeout and the grace, not its session",
-        "coordinator/hashq_coordinator/handover.py",
+        "coordinator/hashq_coordinator/machine/handover.py",
         "return max(registration.drain_timeout + self.fence_grace, registration.session_timeout)",
         "return registration.drain_timeout + self.fence_grace",
     ),

@@ -1,5 +1,5 @@
 """A simulated worker: the production ``WorkerMachine`` and ``LeaseCore`` on virtual time,
-with edges that do what ``hashq.worker.runtime`` and ``hashq.worker.bucket`` do against the
+with edges that do what ``hashq.worker.runtime`` and ``hashq.worker.bucket_lease`` do against the
 server models.
 
 This module is the process: starting, stopping and dying, the machine's actions, ZooKeeper
@@ -18,7 +18,7 @@ from hashq.records import Assignment, Paths, Registration, Release, worker_conne
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
-from tools.sim.invariants import Checker
+from tools.sim.invariants import Invariants
 from tools.sim.leases import LeaseRunner
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker, Connection, Msg
@@ -58,13 +58,13 @@ class SimWorker(Process):
         worker_id: str,
         broker: Broker,
         zk: ZooKeeper,
-        checker: Checker,
+        invariants: Invariants,
         config: WorkerConfig,
         handler_time: Callable[[], tuple[float, bool]],
     ) -> None:
         super().__init__(world, worker_id)
         self.worker_id = worker_id
-        self.broker, self.zk, self.checker, self.config = broker, zk, checker, config
+        self.broker, self.zk, self.invariants, self.config = broker, zk, invariants, config
         self.machine = WorkerMachine(
             worker_id,
             broker.buckets,
@@ -75,7 +75,7 @@ class SimWorker(Process):
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self.connection: Connection | None = None
         self.runner = LeaseRunner(
-            self, self.post, broker, checker, config.prefetch, config.concurrency, handler_time
+            self, self.post, broker, invariants, config.prefetch, config.concurrency, handler_time
         )
         self._connection_numbers = itertools.count(1)
         self._timer_at: float | None = None

@@ -10,13 +10,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tools.checker import Violation
+
+__all__ = ["POLL_SECONDS", "Violation", "World"]
+
 log = logging.getLogger("sim")
 
 POLL_SECONDS = 0.25  # how often ``World.when`` looks
-
-
-class Violation(Exception):
-    """An invariant failed; ``str()`` says which and how."""
 
 
 @dataclass(order=True)

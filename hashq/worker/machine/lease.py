@@ -1,9 +1,9 @@
 """One bucket lease's deliveries, without I/O: their queue order, their key lanes, which jobs
 run, and what is still held unacknowledged.
 
-``BucketLease`` (``hashq.worker.bucket``) feeds it what its channel delivers and carries out what it
-says; the simulator feeds it the deliveries of its broker model. A job is anything with a
-``key``.
+``BucketLease`` (``hashq.worker.bucket_lease``) feeds it what its channel delivers and carries
+out what it says; the simulator feeds it the deliveries of its broker model. A job is anything
+with a ``key``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Generic, Protocol, TypeVar
 
-from hashq.worker.lanes import InOrder, Lanes
+from hashq.worker.machine.lanes import InOrder, Lanes
 
 
 class LeaseState(enum.Enum):

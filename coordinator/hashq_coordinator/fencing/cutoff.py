@@ -20,10 +20,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from hashq._io.management import Management
 from hashq.records import incarnation_connections
-from hashq_coordinator.fencebook import Sighting
+from hashq_coordinator.machine.fencebook import Sighting
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ async def fence(
             listed: list[dict[str, Any]] = await asyncio.to_thread(management.connections)
             matches = [c for c in listed if pattern.fullmatch(_name_of(c) or "")]
             for connection in matches:
-                await asyncio.to_thread(management.close_connection, connection["name"], reason)
+                await asyncio.to_thread(close_connection, management, connection["name"], reason)
         except Exception as exc:  # any failure leaves the fence undone: it must be retried
             if trouble is not None:
                 trouble(f"fencing worker {worker_id} failed: {exc}")
@@ -70,6 +71,13 @@ async def fence(
         if trouble is not None:
             trouble(None)
         return len(matches)
+
+
+def close_connection(management: Management, name: str, reason: str) -> None:
+    """Force-close the connection the broker calls ``name`` (blocking): every message it held
+    unacknowledged returns to its queue, in order, and its consumers end."""
+    path = f"/api/connections/{quote(name, safe='')}"
+    management.request("DELETE", path, headers={"X-Reason": reason})
 
 
 def _name_of(connection: dict[str, Any]) -> str | None:

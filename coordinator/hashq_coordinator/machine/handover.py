@@ -22,11 +22,6 @@ from dataclasses import dataclass, field, replace
 
 from hashq.records import Assignment, BucketRecord, BucketState, Registration
 
-GRANTED = BucketState.GRANTED.value
-REVOKING = BucketState.REVOKING.value
-FENCING = BucketState.FENCING.value
-UNASSIGNED = BucketState.UNASSIGNED.value
-
 Incarnation = tuple[str, str]  # (worker id, incarnation)
 
 
@@ -75,7 +70,7 @@ def committed_owners(view: View) -> dict[int, str | None]:
     owners: dict[int, str | None] = {}
     for bucket in range(view.buckets):
         record = view.records.get(bucket, BucketRecord())
-        owners[bucket] = record.target if record.state in (REVOKING, FENCING) else record.owner
+        owners[bucket] = record.target if record.moving else record.owner
     return owners
 
 
@@ -91,7 +86,7 @@ def step(view: View, plan: Mapping[int, str | None], settled: bool = True) -> De
         if following != record:
             decision.records[bucket] = following
         if (
-            following.state == FENCING
+            following.state is BucketState.FENCING
             and (following.owner, following.incarnation) not in view.fenced
         ):
             decision.fences.add((str(following.owner), str(following.incarnation)))
@@ -99,9 +94,9 @@ def step(view: View, plan: Mapping[int, str | None], settled: bool = True) -> De
 
 
 def _target(record: BucketRecord, planned: str | None, settled: bool, view: View) -> str | None:
-    if settled or record.state == UNASSIGNED or record.state == FENCING:
+    if settled or record.state is BucketState.UNASSIGNED or record.state is BucketState.FENCING:
         return planned
-    if record.state == REVOKING:
+    if record.state is BucketState.REVOKING:
         return record.target
     return record.owner if _live(record, view) else planned
 
@@ -109,26 +104,26 @@ def _target(record: BucketRecord, planned: str | None, settled: bool, view: View
 def _next(
     bucket: int, record: BucketRecord, target: str | None, view: View, decision: Decision
 ) -> BucketRecord:
-    if record.state == UNASSIGNED:
+    if record.state is BucketState.UNASSIGNED:
         return _grant(record, target, view)
     live = _live(record, view)
-    if record.state == GRANTED:
+    if record.state is BucketState.GRANTED:
         if not live:
-            return _moving(record, FENCING, target, view.now)
+            return _moving(record, BucketState.FENCING, target, view.now)
         if target is not None and target != record.owner:
-            return _moving(record, REVOKING, target, view.now)
+            return _moving(record, BucketState.REVOKING, target, view.now)
         return record
     released = (bucket, record.epoch) in view.releases
-    if record.state == REVOKING:
+    if record.state is BucketState.REVOKING:
         if released:
             return _grant(record, target, view)
         allowed = view.revoke_timeout_of(record)
         if not live or view.now - record.since > allowed:
             if live:
                 decision.stuck[bucket] = (str(record.owner), allowed)
-            return _moving(record, FENCING, target, view.now)
+            return _moving(record, BucketState.FENCING, target, view.now)
         return replace(record, target=target)
-    # FENCING
+    # BucketState.FENCING
     if released or (record.owner, record.incarnation) in view.fenced:
         return _grant(record, target, view)
     return replace(record, target=target)
@@ -139,9 +134,11 @@ def _live(record: BucketRecord, view: View) -> bool:
     return registration is not None and registration.incarnation == record.incarnation
 
 
-def _moving(record: BucketRecord, state: str, target: str | None, now: float) -> BucketRecord:
+def _moving(
+    record: BucketRecord, state: BucketState, target: str | None, now: float
+) -> BucketRecord:
     """Into (or on in) a moving state; ``since`` is when the bucket entered that state."""
-    since = record.since if state == record.state else now
+    since = record.since if state is record.state else now
     return replace(record, state=state, target=target, since=since)
 
 
@@ -149,10 +146,12 @@ def _grant(record: BucketRecord, target: str | None, view: View) -> BucketRecord
     """Grant to ``target`` at the next epoch if it is live, else leave the bucket unassigned."""
     registration = view.workers.get(str(target)) if target is not None else None
     if registration is None:
-        if record.state == UNASSIGNED:
+        if record.state is BucketState.UNASSIGNED:
             return record
-        return BucketRecord(UNASSIGNED, None, None, record.epoch)
-    return BucketRecord(GRANTED, registration.worker_id, registration.incarnation, record.epoch + 1)
+        return BucketRecord(BucketState.UNASSIGNED, None, None, record.epoch)
+    return BucketRecord(
+        BucketState.GRANTED, registration.worker_id, registration.incarnation, record.epoch + 1
+    )
 
 
 def assignments(
@@ -165,6 +164,10 @@ def assignments(
     }
     for bucket, record in records.items():
         assignment = result.get(str(record.owner))
-        if record.state == GRANTED and assignment and assignment.incarnation == record.incarnation:
+        if (
+            record.state is BucketState.GRANTED
+            and assignment
+            and assignment.incarnation == record.incarnation
+        ):
             assignment.grants[bucket] = record.epoch
     return result

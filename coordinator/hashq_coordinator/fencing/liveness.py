@@ -57,7 +57,6 @@ class Liveness:
             if self._connection is not None:
                 await close_quietly(self._connection)
             self._connection = await connect_amqp(self._settings, connection_name("coordinator"))
-        assert self._connection is not None
         return self._connection
 
     async def close(self) -> None:

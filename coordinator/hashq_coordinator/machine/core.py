@@ -1,7 +1,7 @@
 """The coordinator's decisions, without I/O: whether it leads, what it last committed, and from
 each observation of ZooKeeper the next commit and the fences to carry out.
 
-``CoordinatorMachine.handle(event, now)`` returns actions; ``hashq_coordinator.service``
+``CoordinatorMachine.handle(event, now)`` returns actions; ``hashq_coordinator.runtime``
 carries them out with kazoo and the management API, the simulator (``tools/sim/``) with its
 models. ``now`` is the caller's monotonic clock: bucket records' ``since`` is kept on it while
 this process leads.
@@ -13,156 +13,37 @@ committed, and each incarnation has at most one fence under way.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from hashq.records import PROTOCOL_VERSION, Assignment, BucketRecord, BucketState, Registration
-from hashq_coordinator.fencebook import FenceBook, Incarnation, Sighting
-from hashq_coordinator.handover import View, assignments, committed_owners, step
-from hashq_coordinator.planner import plan
+from hashq_coordinator.machine.events import (
+    Action,
+    Claim,
+    ClaimFailed,
+    Commit,
+    Committed,
+    Deposed,
+    Elected,
+    Event,
+    Fence,
+    FenceDone,
+    GiveBack,
+    LockAcquired,
+    Observe,
+    Observed,
+    ObserveFailed,
+    Resign,
+    Role,
+    SessionLost,
+    StepDown,
+)
+from hashq_coordinator.machine.fencebook import FenceBook, Incarnation
+from hashq_coordinator.machine.handover import View, assignments, committed_owners, step
+from hashq_coordinator.machine.planner import plan
 
 log = logging.getLogger(__name__)
-
-MOVING = (BucketState.REVOKING.value, BucketState.FENCING.value)
-
-
-class Role(enum.Enum):
-    CANDIDATE = "candidate"
-    """Waiting for the lock: writes nothing."""
-    CLAIMING = "claiming"
-    """Holds the lock; raising the leader epoch and reading the state: writes nothing else
-    yet. If that fails the lock must be given back: a lock node left behind would sit ahead of
-    every later one of this session, and nobody could lead."""
-    LEADER = "leader"
-    """Holds the lock and the current leader epoch: the only one that writes decisions."""
-    STOPPED = "stopped"
-
-
-# ------------------------------------------------------------ events
-@dataclass(frozen=True)
-class LockAcquired:
-    pass
-
-
-@dataclass(frozen=True)
-class ClaimFailed:
-    error: str
-
-
-@dataclass(frozen=True)
-class Elected:
-    """The lock is held and the leader epoch raised; what ZooKeeper held then."""
-
-    epoch: int
-    version: int  # of the leader node: every commit checks it
-    records: Mapping[int, BucketRecord]
-    assignments: Mapping[str, Assignment]
-
-
-@dataclass(frozen=True)
-class SessionLost:
-    pass
-
-
-@dataclass(frozen=True)
-class Observed:
-    workers: Mapping[str, Registration]
-    releases: Mapping[tuple[int, int], str]  # (bucket, epoch) -> node name
-
-
-@dataclass(frozen=True)
-class ObserveFailed:
-    error: str
-
-
-@dataclass(frozen=True)
-class Committed:
-    pass
-
-
-@dataclass(frozen=True)
-class Deposed:
-    error: str
-
-
-@dataclass(frozen=True)
-class FenceDone:
-    incarnation: Incarnation
-    covered: Sighting
-
-
-@dataclass(frozen=True)
-class StepDown:
-    """Stop leading (the process stops)."""
-
-    why: str
-
-
-@dataclass(frozen=True)
-class Tick:
-    pass
-
-
-Event = (
-    LockAcquired
-    | ClaimFailed
-    | Elected
-    | SessionLost
-    | StepDown
-    | Observed
-    | ObserveFailed
-    | Committed
-    | Deposed
-    | FenceDone
-    | Tick
-)
-
-
-# ------------------------------------------------------------ actions
-@dataclass(frozen=True)
-class Claim:
-    """Raise the leader epoch (a checked set), tie the lead to this session, and read every
-    bucket record and assignment (``Elected`` or ``ClaimFailed``)."""
-
-
-@dataclass(frozen=True)
-class GiveBack:
-    """Release the lock, retrying until ZooKeeper takes it; then campaign again."""
-
-
-@dataclass(frozen=True)
-class Observe:
-    """Read the registrations and the releases (``Observed`` or ``ObserveFailed``)."""
-
-
-@dataclass(frozen=True)
-class Commit:
-    """One transaction, checked against the leader node's ``version``."""
-
-    version: int
-    records: Mapping[int, BucketRecord]  # changed
-    known_records: tuple[int, ...]  # buckets whose node exists
-    assignments: Mapping[str, Assignment]  # changed
-    known_assignments: tuple[str, ...]
-    removed: tuple[str, ...]  # assignments of workers gone
-    consumed: tuple[str, ...]  # release nodes acted upon
-
-
-@dataclass(frozen=True)
-class Fence:
-    incarnation: Incarnation
-
-
-@dataclass(frozen=True)
-class Resign:
-    """No longer leading: every fence under way is abandoned (``GiveBack`` follows)."""
-
-    why: str
-
-
-Action = Claim | GiveBack | Observe | Commit | Fence | Resign
 
 
 @dataclass
@@ -206,7 +87,7 @@ class CoordinatorMachine:
         self._refused: set[Incarnation] = set()
 
     def in_transit(self) -> int:
-        return sum(1 for record in self.records.values() if record.state in MOVING)
+        return sum(1 for record in self.records.values() if record.moving)
 
     # ------------------------------------------------------------ events
     def handle(self, event: Event, now: float) -> list[Action]:
@@ -257,7 +138,7 @@ class CoordinatorMachine:
         # Moving buckets' ``since`` restarts on this process's clock: the previous leader's
         # means nothing here, so each pending revoke gets its full time again.
         self.records = {
-            b: replace(r, since=now) if r.state in MOVING else r for b, r in event.records.items()
+            b: replace(r, since=now) if r.moving else r for b, r in event.records.items()
         }
         self.written = dict(event.assignments)
         self.book.new_term()
@@ -322,7 +203,6 @@ class CoordinatorMachine:
     ) -> Commit:
         records = {**self.records, **changed}
         wanted = assignments(records, live, self._leader_epoch)
-        unassigned = BucketState.UNASSIGNED.value
         return Commit(
             version=self._version,
             records=changed,
@@ -335,7 +215,7 @@ class CoordinatorMachine:
                 for (bucket, epoch), name in releases.items()
                 if bucket not in records
                 or epoch < records[bucket].epoch
-                or records[bucket].state == unassigned
+                or records[bucket].state is BucketState.UNASSIGNED
             ),
         )
 
@@ -391,8 +271,8 @@ def _log_transition(bucket: int, before: BucketRecord, after: BucketRecord) -> N
     log.info(
         "bucket %d: %s -> %s (%s, epoch %d)",
         bucket,
-        before.state,
-        after.state,
+        before.state.value,
+        after.state.value,
         where if after.owner else "no owner",
         after.epoch,
     )

@@ -1,12 +1,13 @@
 """The leader's fences: carrying them out, and whether it can fence at all.
 
 A fence of an incarnation is done when every connection of it that could consume is closed:
-- the broker says no connection of it is left (``hashq_coordinator.liveness``), at once; else
+- the broker says no connection of it is left (``hashq_coordinator.fencing.liveness``), at
+  once; else
 - the management API listed its connections once the newest announced one was listable, and
-  each listed one was closed (``hashq_coordinator.fence``).
+  each listed one was closed (``hashq_coordinator.fencing.cutoff``).
 
 What each fence covered, and which connection each incarnation announced since when, is kept
-by ``hashq_coordinator.fencebook.FenceBook``, which the simulator drives too.
+by ``hashq_coordinator.machine.fencebook.FenceBook``, which the simulator drives too.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from collections.abc import Callable, Mapping
 from hashq._io.management import Management
 from hashq.records import Registration
 from hashq.topology import Topology
-from hashq.worker.metrics import CoordinatorMetrics
-from hashq_coordinator.fence import fence, wait_until_listable
-from hashq_coordinator.fencebook import FenceBook, Incarnation, Sighting
-from hashq_coordinator.liveness import Liveness
+from hashq_coordinator.fencing.cutoff import fence, wait_until_listable
+from hashq_coordinator.fencing.liveness import Liveness
+from hashq_coordinator.machine.fencebook import FenceBook, Incarnation, Sighting
+from hashq_coordinator.metrics import CoordinatorMetrics
 from hashq_coordinator.settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
@@ -37,27 +38,23 @@ class Fencer:
         wake: Callable[[], None],
         book: FenceBook | None = None,
         on_done: Callable[[Incarnation, Sighting], None] | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self._settings = settings
         self._me = me
         self._metrics = metrics
         self._wake = wake
         self.management = Management(settings)
-        self._liveness: Liveness | None = None  # once the topology is known (``start``)
+        self._liveness = liveness or Liveness(settings, Topology.from_settings(settings))
         self.book = book or FenceBook()
         # Told when a fence is done: the coordinator's machine records it in the book.
         self._on_done = on_done or self.book.done
         self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
         self.cannot_fence: str | None = None  # why the management API cannot fence, if so
 
-    async def start(self, topology: Topology) -> None:
-        self._liveness = Liveness(self._settings, topology)
-        await self.probe()
-
     async def close(self) -> None:
         self.cancel_all()
-        if self._liveness is not None:
-            await self._liveness.close()
+        await self._liveness.close()
 
     # ------------------------------------------------------------ what the leader saw
     def note(self, workers: Mapping[str, Registration], keep: set[Incarnation]) -> None:
@@ -114,7 +111,7 @@ class Fencer:
     async def _gone(self, incarnation: Incarnation) -> bool:
         """Whether the broker says the incarnation has no connection left; only asked of
         workers that hold a liveness queue."""
-        if self._liveness is None or not self.sighting(incarnation).liveness:
+        if not self.sighting(incarnation).liveness:
             return False
         return await self._liveness.gone(*incarnation)
 

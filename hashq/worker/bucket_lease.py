@@ -11,16 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import aiormq
 from aio_pika.abc import AbstractConnection
 from aiormq.abc import DeliveredMessage
-from pamqp import commands as spec
 
 from hashq._io.amqp import connection_usable
-from hashq.message import Message
 from hashq.worker.acks import Acker
+from hashq.worker.jobs import Job, deliver_frame
 from hashq.worker.machine.lease import LeaseCore, LeaseState
 
 log = logging.getLogger(__name__)
@@ -28,40 +26,7 @@ log = logging.getLogger(__name__)
 ACK_FLUSH_WITHIN = 1.0  # seconds a closing lease waits to send the acknowledgements it owes
 
 
-__all__ = ["BucketLease", "Job", "LeaseState"]
-
-
-@dataclass(eq=False)
-class Job:
-    """One delivery of a bucket on its way through the worker."""
-
-    lease: BucketLease
-    delivery: DeliveredMessage
-    key: str
-    attempt: int = 1
-    first_failure: float | None = None
-    # While its handler runs: the runner task and the message, so that a closing lease can
-    # cut the handler off.
-    handler_task: asyncio.Task[None] | None = field(default=None, repr=False)
-    message: Message | None = field(default=None, repr=False)
-    was_cut_off: bool = False
-
-    @property
-    def tag(self) -> int:
-        return deliver_frame(self.delivery).delivery_tag or 0
-
-    @property
-    def redelivered(self) -> bool:
-        return bool(deliver_frame(self.delivery).redelivered)
-
-    def cut_off(self) -> None:
-        """Stop the running handler: its lease closed (fenced, or the drain timed out)."""
-        if self.handler_task is None:
-            return  # not running, or past its handler (settling)
-        self.was_cut_off = True
-        if self.message is not None:
-            self.message.cancel_event.set()
-        self.handler_task.cancel()
+__all__ = ["BucketLease", "LeaseState"]
 
 
 def is_consumer_timeout(reason: str) -> bool:
@@ -70,14 +35,8 @@ def is_consumer_timeout(reason: str) -> bool:
     return "acknowledgement" in reason and "timed out" in reason
 
 
-def deliver_frame(delivery: DeliveredMessage) -> spec.Basic.Deliver:
-    frame = delivery.delivery
-    assert isinstance(frame, spec.Basic.Deliver), frame
-    return frame
-
-
 class BucketLease:
-    """The worker's hold on one bucket at one epoch."""
+    """The worker's hold on one bucket at one epoch (``hashq.worker.jobs.Lease`` to its jobs)."""
 
     def __init__(
         self,

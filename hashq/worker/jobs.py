@@ -1,0 +1,223 @@
+"""One delivery's life inside a worker, in one place: a ``Job`` is delivered on a bucket lease,
+started by a runner, and ends in one of three ways, each decided here (``Outcomes``):
+
+- its handler returned: it is acknowledged, and its key's next delivery goes on (``settle``);
+- its handler raised: it runs again after a backoff, its key waiting meanwhile, or, with its
+  attempts spent, it is dead-lettered, confirmed, and then acknowledged (``failed``);
+- its lease closed under it (fenced, or the drain timed out): its handler is cut off and it
+  goes back to the queue, unacknowledged (``Job.cut_off``, ``Lease.dropped``).
+
+``Lease`` is all a job and the runners need of the bucket lease that delivered it
+(``hashq.worker.bucket_lease.BucketLease``): whether it may start, and what to tell it as the
+job moves on. Only the job's own methods change its fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
+
+from hashq._io.logs import key_for_log
+from hashq.message import Message
+from hashq.worker.metrics import WorkerMetrics
+from hashq.worker.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from hashq.worker.dead_letter import DeadLetters
+
+log = logging.getLogger(__name__)
+
+
+class Lease(Protocol):
+    """The bucket lease a job was delivered on."""
+
+    @property
+    def bucket(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def log_fields(self) -> dict[str, int]: ...
+
+    def may_start(self, job: Job) -> bool:
+        """Whether ``job`` may start now: its lease still consumes, its key's turn has come."""
+        ...
+
+    def started(self, job: Job) -> None:
+        """``job``'s handler begins."""
+        ...
+
+    def finished(self, job: Job) -> None:
+        """``job`` was acknowledged or dead-lettered: its key's next delivery may start."""
+        ...
+
+    def dropped(self, job: Job) -> None:
+        """``job`` will not finish here; its message goes back to the queue."""
+        ...
+
+    def ack(self, job: Job) -> bool:
+        """Count ``job`` as done; False if its channel is gone (its message went back)."""
+        ...
+
+
+def deliver_frame(delivery: DeliveredMessage) -> spec.Basic.Deliver:
+    frame = delivery.delivery
+    assert isinstance(frame, spec.Basic.Deliver), frame
+    return frame
+
+
+@dataclass(eq=False)
+class Job:
+    """One delivery of a bucket on its way through the worker."""
+
+    lease: Lease
+    delivery: DeliveredMessage
+    key: str
+    attempt: int = 1
+    first_failure: float | None = None
+    # While its handler runs: the runner task and the message, so that a closing lease can
+    # cut the handler off.
+    _handler_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    _message: Message | None = field(default=None, repr=False)
+    _cut_off: bool = False
+
+    @property
+    def tag(self) -> int:
+        return deliver_frame(self.delivery).delivery_tag or 0
+
+    @property
+    def redelivered(self) -> bool:
+        return bool(deliver_frame(self.delivery).redelivered)
+
+    @property
+    def message_id(self) -> str | None:
+        return self.delivery.header.properties.message_id
+
+    @property
+    def was_cut_off(self) -> bool:
+        return self._cut_off
+
+    def running(self, task: asyncio.Task[None], message: Message) -> None:
+        """Its handler runs in ``task`` on ``message``: from now on a closing lease cuts it off."""
+        self._handler_task, self._message = task, message
+
+    def returned(self) -> None:
+        """Its handler returned or raised: past cutting off (settling)."""
+        self._handler_task = None
+
+    def note_failure(self) -> None:
+        """Its handler raised: the first failure's time goes into a dead letter's headers."""
+        self.first_failure = self.first_failure or time.time()
+
+    def next_attempt(self) -> None:
+        self.attempt += 1
+
+    def cut_off(self) -> None:
+        """Stop the running handler: its lease closed (fenced, or the drain timed out)."""
+        if self._handler_task is None:
+            return  # not running, or past its handler (settling)
+        self._cut_off = True
+        if self._message is not None:
+            self._message.cancel_event.set()
+        self._handler_task.cancel()
+
+
+class Outcomes:
+    """What follows a handler: acknowledge, retry later, or dead-letter."""
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        dead_letters: DeadLetters,
+        metrics: WorkerMetrics,
+        dispatch: Callable[[Job], None],
+        keys_in_clear: bool = False,
+    ) -> None:
+        self._policy = policy
+        self._dead_letters = dead_letters
+        self._metrics = metrics
+        self._dispatch = dispatch  # hands a job back to the runners
+        self._keys_in_clear = keys_in_clear
+        self._debug = False  # read as the worker starts (``notice_log_level``), not per message
+        self.processed = 0
+
+    def notice_log_level(self) -> None:
+        """Whether to log each message done: asked once, since the check costs on the hot path."""
+        self._debug = log.isEnabledFor(logging.DEBUG)
+
+    def settle(self, job: Job) -> None:
+        """Acknowledge ``job`` and let its key go on; if its channel is gone, drop it."""
+        lease = job.lease
+        if not lease.ack(job):
+            lease.dropped(job)
+            return
+        self.processed += 1
+        self._metrics.processed[lease.bucket] += 1
+        if self._debug:
+            log.debug(
+                "bucket %d epoch %d: message %s of key %s done",
+                lease.bucket,
+                lease.epoch,
+                job.message_id,
+                key_for_log(job.key, self._keys_in_clear),
+                extra=lease.log_fields,
+            )
+        lease.finished(job)
+
+    async def failed(self, job: Job, error: Exception) -> None:
+        """The handler raised: retry after the policy's delay, or dead-letter."""
+        lease = job.lease
+        self._metrics.failed[lease.bucket] += 1
+        job.note_failure()
+        delay = self._policy.next_delay(job.attempt)
+        log.warning(
+            "bucket %d epoch %d: handler failed (attempt %d): %s: %s",
+            lease.bucket,
+            lease.epoch,
+            job.attempt,
+            type(error).__name__,
+            error,
+            extra=lease.log_fields,
+        )
+        if delay is None:
+            await self.dead_letter(job, "handler-failed", error)
+            return
+        job.next_attempt()
+        self._metrics.retried[lease.bucket] += 1
+        self._retry_later(job, delay)
+
+    async def dead_letter(self, job: Job, reason: str, error: BaseException | None) -> None:
+        """Publish ``job`` to the dead-letter exchange, confirmed, then acknowledge it; if the
+        publish fails, try again after the base delay (its key waits)."""
+        lease = job.lease
+        try:
+            await self._dead_letters.publish(job, reason, error)
+        except Exception as exc:
+            log.warning("bucket %d: dead-lettering failed (%r); retrying", lease.bucket, exc)
+            self._retry_later(job, self._policy.base_delay)
+            return
+        self._metrics.dead_lettered[lease.bucket, reason] += 1
+        log.error(
+            "bucket %d epoch %d: message %s dead-lettered (%s)",
+            lease.bucket,
+            lease.epoch,
+            job.message_id,
+            reason,
+            extra=lease.log_fields,
+        )
+        self.settle(job)
+
+    def _retry_later(self, job: Job, delay: float) -> None:
+        def again() -> None:
+            if job.lease.may_start(job):
+                self._dispatch(job)
+
+        asyncio.get_running_loop().call_later(delay, again)

@@ -110,9 +110,10 @@ class Fleet:
         self._logs = logs
         self.processes: dict[str, Child] = {}
 
-    def start(self, name: str, *argv: str) -> str:
-        env = {**self._env, "HASHQ_WORKER_ID": name}
-        self.processes[name] = Child(name, list(argv), env, self._logs / f"{name}.log")
+    def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> str:
+        """Start ``python <argv>`` as ``name``, with ``env`` over the fleet's environment."""
+        chosen = {**self._env, "HASHQ_WORKER_ID": name, **(env or {})}
+        self.processes[name] = Child(name, list(argv), chosen, self._logs / f"{name}.log")
         return name
 
     def alive(self, prefix: str) -> list[str]:

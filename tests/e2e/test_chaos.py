@@ -2,7 +2,7 @@
 schedule drawn from the chaos faults (worker kills, stops, leader kills, broker and ZooKeeper
 restarts), judged by the independent checker. The naive design's counts are reported beside
 hashq's; whether it reorders within 80 s is chance, so the proof that the checks can fail is
-elsewhere (test_chaos_checker.py, and the simulation's mutations in docs/guarantees.md)."""
+elsewhere (tests/unit/test_checker.py, and the simulation's mutations in docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ import pytest
 from hashq.settings import Settings
 from tests.support.services import Endpoints
 from tools import ROOT
+from tools.chaos.faults import SESSION_SECONDS
 from tools.launcher import child_environment
 
 # Every kind of fault, slow ones first so that all fit in the run (--faults name, as logged);
 # two joins, since the naive design reorders at membership changes.
 SCHEDULE = [
     ("rabbitmq", "restart rabbitmq"),
+    ("cut-zk", "cut zookeeper worker"),  # its AMQP connection stays up: a live zombie
     ("stop", "SIGSTOP worker"),
     ("leader", "kill -9 leader"),
     ("zookeeper", "restart zookeeper"),
@@ -48,7 +50,7 @@ def test_short_chaos_run_loses_and_reorders_nothing(
             "--designs",
             "hashq,split",
             "--duration",
-            "80",
+            "100",
             "--seed",
             "11",
             "--gap",
@@ -100,8 +102,13 @@ def test_short_chaos_run_loses_and_reorders_nothing(
     (frozen,) = [f for f in recovered if f["fault"] == "SIGSTOP worker"]
     assert frozen["buckets"] >= 1, "the frozen worker held no bucket: nothing was tested"
     assert frozen["recovered_s"] is not None and frozen["unrecovered"] == 0, frozen
+    (cut,) = [f for f in faults if f["fault"] == "cut zookeeper worker"]
+    assert cut["open_elsewhere"]["amqp"] >= 1, "the worker cut off ZooKeeper had no AMQP link"
+    (partitioned,) = [f for f in recovered if f["fault"] == "cut zookeeper worker"]
+    assert partitioned["buckets"] >= 1 and partitioned["unrecovered"] == 0, partitioned
+    assert partitioned["after_heal_s"] < 2 * SESSION_SECONDS, partitioned
     # The naive design ran the same faults; whether it reorders in 80 s is chance, so it is
     # reported, not asserted (docs/guarantees.md has 10-minute runs). That the checks can fail
-    # is shown deterministically: test_chaos_checker.py, and the simulation's mutations.
+    # is shown deterministically: tests/unit/test_checker.py, and the simulation's mutations.
     assert naive["confirmed"] > 5_000, summary
     assert process.returncode == 0, summary

@@ -281,3 +281,27 @@ def test_a_failed_attempt_is_no_execution(tmp_path: Path) -> None:
     (tmp_path / "r").write_text("".join(json.dumps(line) + "\n" for line in lines))
     report = check(tmp_path / "r", {"a": 2})
     assert (report.lost, report.executions, report.duplicates) == ([("a", 0)], 1, [])
+
+
+def test_a_lasting_fault_says_how_soon_its_buckets_went_on_after_it_healed() -> None:
+    history = [
+        run("a", 0, 99.0, 99.1, worker="w1", bucket=0),
+        run("a", 1, 112.5, 112.6, worker="w1", bucket=0),  # 2.5 s after the heal
+    ]
+    cut = fault("cut zookeeper worker", "w1", 100.0, until=110.0)
+    (result,) = recoveries([cut], history)["faults"]
+    assert (result["recovered_s"], result["after_heal_s"]) == (12.5, 2.5)
+
+
+def test_the_longest_stall_of_each_bucket_names_the_fault_in_force() -> None:
+    history = [
+        run("a", 0, 90.0, 90.1, bucket=0),
+        run("a", 1, 91.0, 91.1, bucket=0),
+        run("a", 2, 105.0, 105.1, bucket=0),  # 14 s without a start, across the cut
+        run("b", 0, 90.0, 90.1, bucket=1),
+        run("b", 1, 92.0, 92.1, bucket=1),  # 2 s, before any fault
+    ]
+    faults = [fault("cut amqp worker", "w1", 95.0, until=104.0), fault("start worker", "w9", 200)]
+    worst, other = recoveries(faults, history)["stalls"]
+    assert (worst["bucket"], worst["seconds"], worst["causes"]) == (0, 14.0, ["cut amqp worker w1"])
+    assert (other["bucket"], other["seconds"], other["causes"]) == (1, 2.0, [])

@@ -1,6 +1,7 @@
 """The fault schedule of a chaos run: each fault drawn from the seed, carried out on the run's
-processes or servers, and logged with its time (``at``: seconds into the run; ``wall``: epoch
-seconds, to line up with the execution records)."""
+processes, servers or links (``tools.chaos.network``), and logged with its time (``at``: seconds
+into the run; ``wall``: epoch seconds, to line up with the execution records; ``until``: when a
+fault that lasts was healed)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,23 @@ from hashq.records import Leadership, Paths
 from hashq.settings import Settings
 from tools import SERVICES_SCRIPT, say
 from tools.chaos.designs import Design
+from tools.chaos.network import Network
+from tools.chaos.proxy import Link
 from tools.launcher import Fleet
 
 SESSION_SECONDS = 4.0
-FAULT_KINDS = ("kill", "start", "term", "stop", "leader", "rabbitmq", "zookeeper")  # Chaos.kinds
+PROCESS_FAULTS = ("kill", "start", "term", "stop", "leader", "rabbitmq", "zookeeper")
+NETWORK_FAULTS = (
+    "cut-zk",  # a worker cut off ZooKeeper; its AMQP connection stays up
+    "cut-amqp",  # a worker cut off RabbitMQ; its ZooKeeper session stays up
+    "cut-both",  # a worker cut off both
+    "leader-cut-zk",  # the leader cut off ZooKeeper; it still reaches the management API
+    "leader-cut-management",  # the leader cut off the management API only
+    "halfopen-amqp",  # a worker's AMQP connection swallows every byte, both ways, unclosed
+    "halfopen-zk",  # the same for its ZooKeeper connection
+    "slow",  # 0.2 to 2 s added to every link of one worker
+)
+FAULT_KINDS = PROCESS_FAULTS + NETWORK_FAULTS  # Chaos.kinds
 
 
 class Chaos:
@@ -29,12 +43,14 @@ class Chaos:
     def __init__(
         self,
         fleet: Fleet,
+        network: Network,
         design: Design,
         settings: Settings,
         seed: int,
         schedule: list[str] | None = None,
     ) -> None:
         self.fleet = fleet
+        self.network = network
         self.design = design
         self.settings = settings
         self.rng = random.Random(seed)
@@ -58,13 +74,16 @@ class Chaos:
         say(f"fault: {fault} {target}".rstrip() + ("" if took_effect else " (NO EFFECT)"))
         return entry
 
-    def start(self, kind: str) -> str:
-        """Start a worker or a coordinator of the design; returns its name."""
+    async def start(self, kind: str) -> str:
+        """Start a worker or a coordinator of the design, on links of its own; its name."""
         self._serial += 1
         name = f"{kind}-{self._serial}"
+        env = await self.network.attach(name)
         if kind == "coordinator":
-            return self.fleet.start(name, "-m", "hashq_coordinator.cli", "--coordinator-id", name)
-        return self.fleet.start(name, *self.design.worker(name))
+            argv = ["-m", "hashq_coordinator.cli", "--coordinator-id", name]
+        else:
+            argv = self.design.worker(name)
+        return self.fleet.start(name, *argv, env=env)
 
     def kinds(self) -> dict[str, Callable[[], Any]]:
         """Every fault, by the name ``--faults`` gives it (``FAULT_KINDS``)."""
@@ -76,6 +95,14 @@ class Chaos:
             "leader": self.kill_leader,
             "rabbitmq": lambda: self.restart("rabbitmq"),
             "zookeeper": lambda: self.restart("zookeeper"),
+            "cut-zk": lambda: self.cut_worker("zookeeper"),
+            "cut-amqp": lambda: self.cut_worker("amqp"),
+            "cut-both": lambda: self.cut_worker("zookeeper", "amqp"),
+            "leader-cut-zk": lambda: self.cut_leader("zookeeper"),
+            "leader-cut-management": lambda: self.cut_leader("management"),
+            "halfopen-amqp": lambda: self.half_open("amqp"),
+            "halfopen-zk": lambda: self.half_open("zookeeper"),
+            "slow": self.slow_worker,
         }
 
     async def one(self) -> None:
@@ -89,29 +116,31 @@ class Chaos:
         if asyncio.iscoroutine(result):
             await result
 
-    def _victim(self) -> str | None:
+    async def _victim(self) -> str | None:
         workers = self.fleet.alive("worker")
         if len(workers) <= 1:
-            self.start_worker()
+            await self.start_worker()
             return None
         return self.rng.choice(workers)
 
-    def kill_worker(self) -> None:
-        if victim := self._victim():
+    async def kill_worker(self) -> None:
+        if victim := await self._victim():
             child = self.fleet.processes[victim]
             sent = child.signal(signal.SIGKILL)
-            self.note("kill -9 worker", victim, sent and child.wait(5) is not None)
+            exited = sent and await asyncio.to_thread(child.wait, 5) is not None
+            self.note("kill -9 worker", victim, exited)
 
-    def start_worker(self) -> None:
-        self.note("start worker", self.start("worker"))
+    async def start_worker(self) -> None:
+        self.note("start worker", await self.start("worker"))
 
-    def term_worker(self) -> None:
-        if victim := self._victim():
+    async def term_worker(self) -> None:
+        if victim := await self._victim():
             self.note("SIGTERM worker", victim, self.fleet.signal(victim, signal.SIGTERM))
 
     async def stop_worker(self) -> None:
-        if victim := self._victim():
-            entry = self.note("SIGSTOP worker", victim, self.fleet.processes[victim].freeze())
+        if victim := await self._victim():
+            frozen = await asyncio.to_thread(self.fleet.processes[victim].freeze)
+            entry = self.note("SIGSTOP worker", victim, frozen)
             await asyncio.sleep(SESSION_SECONDS * 2.5)
             self.fleet.signal(victim, signal.SIGCONT)
             entry["until"] = time.time()
@@ -125,10 +154,66 @@ class Chaos:
         if leader and leader in self.fleet.processes:
             child = self.fleet.processes[leader]
             sent = child.signal(signal.SIGKILL)
-            self.note("kill -9 leader", leader, sent and child.wait(5) is not None)
-            self.start("coordinator")
+            exited = sent and await asyncio.to_thread(child.wait, 5) is not None
+            self.note("kill -9 leader", leader, exited)
+            await self.start("coordinator")
         else:
             self.note("kill -9 leader", str(leader), took_effect=False)
+
+    # ------------------------------------------------------------ links
+    def _lasting(self) -> float:
+        """How long a link fault lasts: from half a session (the client only suspends) to three
+        (its session expires and the coordinator fences it)."""
+        return self.rng.uniform(0.5, 3.0) * SESSION_SECONDS
+
+    async def cut_worker(self, *servers: str) -> None:
+        if victim := await self._victim():
+            await self._cut(f"cut {'+'.join(servers)} worker", victim, servers)
+
+    async def cut_leader(self, server: str) -> None:
+        if not self.design.coordinated:
+            say(f"cut {server} leader: this design has no coordinator")
+            return
+        leader = await asyncio.to_thread(read_leader, self.settings)
+        if leader and leader in self.network.links:
+            await self._cut(f"cut {server} leader", leader, (server,))
+        else:
+            self.note(f"cut {server} leader", str(leader), took_effect=False)
+
+    async def _cut(self, fault: str, target: str, servers: tuple[str, ...]) -> None:
+        links = self.network.links[target]
+        others = [server for server in links if server not in servers]
+        entry = self.note(fault, target, self.fleet.processes[target].alive)
+        entry["open_elsewhere"] = {server: links[server].connections for server in others}
+        for server in servers:
+            links[server].cut()
+        await self._heal_after(entry, [links[server] for server in servers])
+
+    async def half_open(self, server: str) -> None:
+        if victim := await self._victim():
+            link = self.network.links[victim][server]
+            entry = self.note(f"half-open {server} worker", victim, link.connections > 0)
+            link.blackhole()
+            await self._heal_after(entry, [link])
+
+    async def slow_worker(self) -> None:
+        if victim := await self._victim():
+            delay = round(self.rng.uniform(0.2, 2.0), 2)
+            entry = self.note("slow links worker", victim)
+            entry["delay_s"] = delay
+            links = list(self.network.links[victim].values())
+            for link in links:
+                link.slow(delay)
+            await self._heal_after(entry, links)
+
+    async def _heal_after(self, entry: dict[str, Any], links: list[Link]) -> None:
+        lasting = self._lasting()
+        entry["lasting_s"] = round(lasting, 2)
+        await asyncio.sleep(lasting)
+        for link in links:
+            link.heal()
+        entry["until"] = time.time()
+        say(f"healed {entry['fault']} {entry['target']}")
 
     async def restart(self, service: str) -> None:
         began = time.time()

@@ -5,15 +5,22 @@ the execution records alone.
   before the fault; recovered when another worker starts a message there;
 - a worker started: recovered when it starts its first message (how soon a newcomer gets to
   work; the buckets it receives later, in other rebalances, do not count);
-- a leader killed, a server restarted: every bucket active in the window; recovered at the
-  first start after the fault ended (``until``), counted from the fault's beginning.
+- a leader killed, a server restarted, a link cut, held or slowed: every bucket active in the
+  window; recovered at the first start after the fault ended (``until``), counted from the
+  fault's beginning. For a fault that lasts, ``after_heal_s`` counts from its end instead:
+  how long the buckets took to make progress again once it healed.
 
 A bucket with no such execution within ``HORIZON`` seconds counts as unrecovered.
+
+``stalls``: for each bucket, the longest stretch between two starts, with the faults in force
+meanwhile. The publishers send to every bucket all the time, so a bucket that starts nothing
+has messages waiting (unless the publishers themselves are held up, as in a broker restart).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -69,7 +76,7 @@ def recovery(fault: dict[str, Any], timeline: Timeline) -> dict[str, Any]:
         buckets = timeline.active(at - WINDOW, at)
         times = [timeline.first(b, fault.get("until", at), lambda _: True) for b in buckets]
     delays = [round(t - at, 2) for t in times if t is not None]
-    return {
+    result = {
         "fault": fault["fault"],
         "target": target,
         "at": fault["at"],
@@ -77,6 +84,31 @@ def recovery(fault: dict[str, Any], timeline: Timeline) -> dict[str, Any]:
         "recovered_s": max(delays) if delays else None,
         "unrecovered": sum(1 for t in times if t is None),
     }
+    if "until" in fault and delays:
+        result["after_heal_s"] = round(max(0.0, at + max(delays) - fault["until"]), 2)
+    return result
+
+
+def stalls(
+    faults: list[dict[str, Any]], timeline: Timeline, worst: int = 5
+) -> list[dict[str, Any]]:
+    """The ``worst`` buckets by their longest stretch without a start, with what was in force."""
+    longest = []
+    for bucket, starts in timeline.starts.items():
+        gaps = [(b - a, a, b) for a, b in itertools.pairwise(starts)]
+        if gaps:
+            longest.append((max(gaps), bucket))
+    found = []
+    for (seconds, began, ended), bucket in sorted(longest, reverse=True)[:worst]:
+        causes = [
+            f"{f['fault']} {f['target']}".rstrip()
+            for f in faults
+            if f["wall"] <= ended and f.get("until", f["wall"]) >= began - WINDOW
+        ]
+        found.append(
+            {"bucket": bucket, "seconds": round(seconds, 2), "from": began, "causes": causes}
+        )
+    return found
 
 
 def recoveries(faults: list[dict[str, Any]], executions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -95,4 +127,7 @@ def recoveries(faults: list[dict[str, Any]], executions: list[dict[str, Any]]) -
             "worst_s": max(times) if times else None,
             "unrecovered_buckets": sum(item["unrecovered"] for item in items),
         }
-    return {"faults": each, "by_kind": summary}
+        healed = [item["after_heal_s"] for item in items if "after_heal_s" in item]
+        if healed:
+            summary[kind]["worst_after_heal_s"] = max(healed)
+    return {"faults": each, "by_kind": summary, "stalls": stalls(faults, timeline)}

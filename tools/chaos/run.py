@@ -28,6 +28,7 @@ from hashq.settings import Settings, load_settings
 from tools import say
 from tools.chaos.designs import DESIGNS, Design, leftovers
 from tools.chaos.faults import FAULT_KINDS, SESSION_SECONDS, Chaos
+from tools.chaos.network import Network
 from tools.chaos.recovery import recoveries
 from tools.checker import judge
 from tools.executions import count_lines, read_all, read_appended
@@ -59,23 +60,24 @@ async def run_design(
         {"HASHQ_ZK_SESSION_TIMEOUT": str(SESSION_SECONDS), "HASHQ_CHAOS_RECORD": str(files.record)},
     )
     schedule = args.faults.split(",") if args.faults else None
-    chaos = Chaos(fleet, design, settings, args.seed, schedule)
+    network = Network(settings)
+    chaos = Chaos(fleet, network, design, settings, args.seed, schedule)
     say(f"{design.title}: {args.duration:g}s of faults, seed {args.seed}; files in {files.folder}")
     try:
         if design.coordinated:
             for _ in range(2):
-                chaos.start("coordinator")
+                await chaos.start("coordinator")
         for _ in range(args.workers):
-            chaos.start("worker")
+            await chaos.start("worker")
         for number, client in enumerate(design.clients(), start=1):
-            fleet.start(
-                f"publisher-{number}",
-                *publisher_argv(design, settings, args, files, number, client),
-            )
+            name = f"publisher-{number}"
+            argv = publisher_argv(design, settings, args, files, number, client)
+            fleet.start(name, *argv, env=await network.attach(name))
         await faults_until(chaos, args, files)
         await drain_until_done(chaos, files, args.drain)
     finally:
-        fleet.stop_all()
+        await asyncio.to_thread(fleet.stop_all)
+        await network.close()
     executions = read_appended(files.record)
     dead = await leftovers(settings, [q for q in [design.dead_letter_queue(settings)] if q])
     queued = await leftovers(settings, design.queues(settings))
@@ -127,21 +129,24 @@ async def faults_until(chaos: Chaos, args: argparse.Namespace, files: Files) -> 
         if time.monotonic() >= next_fault:
             await chaos.one()
             next_fault = time.monotonic() + chaos.rng.uniform(args.gap / 2, args.gap * 1.5)
-        progress(chaos.fleet, files, started)
+        await asyncio.to_thread(progress, chaos.fleet, files, started)  # the links go on
         await asyncio.sleep(2.0)
 
 
 async def drain_until_done(chaos: Chaos, files: Files, within: float) -> None:
     """Wait (up to ``within`` seconds) until everything confirmed was executed."""
     if len(chaos.fleet.alive("worker")) < 2:
-        chaos.start("worker")
+        await chaos.start("worker")
     deadline = time.monotonic() + within
     # The publishers stop on their own; their last batch is confirmed and recorded after the
     # faults end. Comparing before they exit would miss it, and stop the workers too early.
     for publisher in chaos.fleet.alive("publisher"):
         await asyncio.to_thread(chaos.fleet.processes[publisher].wait, deadline - time.monotonic())
 
-    def all_executed() -> bool:
+    async def all_executed() -> bool:
+        return await asyncio.to_thread(executed_all)  # reading the records blocks; links do not
+
+    def executed_all() -> bool:
         sent = {(r["key"], r["seq"]) for r in read_all(files.confirmed)}
         left = sent - {(r["key"], r["seq"]) for r in read_appended(files.record)}
         if left:
@@ -191,12 +196,17 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
         cells = "".join(f"{results[n]['verdict'][field]:>{width},}" for n in names)
         print(f"  {label:<34}{cells}")
     kinds = sorted({kind for n in names for kind in results[n]["recovery"]["by_kind"]})
-    print("\n  worst time to recover, by fault (s; + buckets never recovered)")
+    print("\n  worst time to recover, by fault (s; + buckets never recovered; after the heal)")
     for kind in kinds:
         cells = "".join(
             f"{_recovered(results[n]['recovery']['by_kind'].get(kind)):>{width}}" for n in names
         )
         print(f"  {kind:<34}{cells}")
+    for name in names:
+        for stall in results[name]["recovery"]["stalls"][:3]:
+            causes = ", ".join(stall["causes"]) or "no fault in force"
+            stretch = f"bucket {stall['bucket']} started nothing for {stall['seconds']}s"
+            print(f"  {name}: {stretch} ({causes})")
     for name in names:
         for kind, examples in results[name]["verdict"]["examples"].items():
             print(f"  {name}, e.g. {kind}: {'; '.join(examples[:3])}")
@@ -207,7 +217,8 @@ def _recovered(summary: dict[str, Any] | None) -> str:
         return "-"
     worst = "never" if summary["worst_s"] is None else f"{summary['worst_s']:.1f}"
     stuck = summary["unrecovered_buckets"]
-    return worst + (f" +{stuck}" if stuck else "")
+    healed = summary.get("worst_after_heal_s")
+    return worst + (f" +{stuck}" if stuck else "") + ("" if healed is None else f" ({healed:.1f})")
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

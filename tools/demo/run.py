@@ -102,7 +102,9 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
             (0.75, "worker-4", None),
         ]
         started = time.monotonic()
-        while not publisher.done() or _behind(record, published):
+        # Every event of the timeline is played, even when the publisher and the workers finish
+        # early: a short run must still show the kill it promises.
+        while timeline or not publisher.done() or _behind(record, published):
             elapsed = (time.monotonic() - started) / args.seconds
             while timeline and timeline[0][0] <= elapsed:
                 _, name, number = timeline.pop(0)
@@ -115,7 +117,8 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
             if time.monotonic() - started > args.seconds + 90:
                 say("giving up waiting for the workers")
                 break
-            await asyncio.sleep(2.5)
+            next_event = started + timeline[0][0] * args.seconds if timeline else float("inf")
+            await asyncio.sleep(max(0.1, min(2.5, next_event - time.monotonic())))
         await publisher
     finally:
         fleet.stop_all(within=40)

@@ -26,6 +26,12 @@ from typing import Any
 # registration before consuming on it (a version-1 coordinator would not find such a connection
 # to fence, so it must grant such a worker nothing).
 PROTOCOL_VERSION = 2
+# How long a bucket queue may take, after a connection died, to take back what that
+# connection's channels held: a quorum queue whose leader was on a failed node does so only
+# once it has a leader again (tests/e2e/test_cluster.py; the simulation's RETURN_LAG_SECONDS,
+# 3 s, stays below it). Neither a worker's release after a lost connection nor a grant after
+# a fence lets the next owner consume sooner (docs/protocol.md, "Returns take time").
+RETURN_GRACE_SECONDS = 5.0
 
 
 class BucketState(enum.Enum):
@@ -166,8 +172,10 @@ class Assignment:
 @dataclass(frozen=True)
 class BucketRecord:
     """The coordinator's record of one bucket. ``epoch`` only ever grows. While a bucket moves
-    (``revoking``, ``fencing``), ``target`` names the worker it goes to and ``since`` (Unix
-    time) when the move began, so that a new leader continues a half-done handover."""
+    (``revoking``, ``fencing``), ``target`` names the worker it goes to and ``since`` when the
+    move began, on the writing leader's monotonic clock (a new leader restarts it on its own, as
+    no clock of another machine means anything here), so that a new leader continues a
+    half-done handover."""
 
     state: BucketState = BucketState.UNASSIGNED
     owner: str | None = None

@@ -58,6 +58,8 @@ ensure_packages() {
     local missing=()
     [ -x "$RABBIT_BIN/rabbitmq-server" ] || missing+=(rabbitmq-server)
     [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+    # libfaketime, for the chaos run's clock steps (tools/chaos/clock.py)
+    compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null || missing+=(faketime)
     [ ${#missing[@]} -eq 0 ] && return 0
     [ "$(id -u)" -eq 0 ] || die "missing Debian packages: ${missing[*]} (install them, or run as root so this script can)"
     say "installing ${missing[*]} with apt-get"

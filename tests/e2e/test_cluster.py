@@ -16,13 +16,16 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NoNodeError
 
 from hashq._io.amqp import close_quietly, connect_amqp
 from hashq._io.management import Management
+from hashq._io.zk import close_zk, connect_zk
 from hashq.errors import BatchPublishError
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
-from hashq.records import worker_connection_name
+from hashq.records import BucketRecord, BucketState, Leadership, Paths, worker_connection_name
 from hashq.settings import Settings
 from hashq_coordinator.fencing.cutoff import fence
 from tests.support.cluster import LocalCluster, cluster_possible
@@ -68,10 +71,13 @@ def settings(cluster: LocalCluster) -> Settings:
     )
 
 
-def _start_load(settings: Settings, confirmed: Path, logs: Path) -> subprocess.Popen[bytes]:
+def _start_load(
+    settings: Settings, confirmed: Path, logs: Path, rate: int = 600
+) -> subprocess.Popen[bytes]:
     """The chaos publisher: a key's next message only after its previous one was confirmed."""
     arguments = ["--exchange", f"hashq.{settings.app}", "--prefix", "c", "--keys", "200"]
-    arguments += ["--rate", "600", "--seconds", str(LOAD_SECONDS), "--confirmed", str(confirmed)]
+    arguments += ["--rate", str(rate), "--seconds", str(LOAD_SECONDS)]
+    arguments += ["--confirmed", str(confirmed)]
     with (logs / "publisher.log").open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "tools.chaos.publish", *arguments],
@@ -226,3 +232,132 @@ async def test_a_publisher_whose_node_died_with_the_queue_leaders_publishes_agai
             print(f"confirmed again {time.monotonic() - killed_at:.1f} s after the kill")
         finally:
             cluster.start_rabbit(doomed)
+
+
+async def test_a_rabbitmq_node_killed_during_a_handover(
+    cluster: LocalCluster, settings: Settings, tmp_path: Path
+) -> None:
+    """w2 joins while w1 holds every bucket; as soon as a bucket is being revoked from w1 (it
+    drains: its handlers take up to 0.4 s), the RabbitMQ node of w1's connection is killed. The
+    drain is cut short: what w1 held goes back to the queues, w1 connects to another node, and
+    the handover ends by a release or a fence. Nothing lost, in order, never two at once, and
+    both workers end up with buckets."""
+    settings = settings.model_copy(update={"app": "handover"})  # none of another test's nodes
+    record, confirmed = tmp_path / "executions.jsonl", tmp_path / "confirmed.jsonl"
+    await ensure_topology(settings)
+    slow = {"HASHQ_TEST_DELAY_MS": "400", "HASHQ_DRAIN_TIMEOUT": "10"}
+    processes = [start_coordinator(settings, name, tmp_path) for name in ("c1", "c2")]
+    processes.append(WorkerProcess(settings, "w1", HANDLER, record, tmp_path, slow))
+    load = _start_load(settings, confirmed, tmp_path, rate=150)
+    zk = connect_zk(settings, "coordinator")
+    try:
+        await eventually(lambda: _owners(zk, settings) == {"w1"}, within=30)
+        node = await eventually(lambda: _node_of(settings, cluster, "hashq-worker-w1-"), 15)
+        processes.append(WorkerProcess(settings, "w2", HANDLER, record, tmp_path, slow))
+        await eventually(lambda: _revoking_from(zk, settings, "w1"), within=30, every=0.02)
+        killed_at = time.time()
+        cluster.kill_rabbit(node)
+        await eventually(lambda: _owners(zk, settings) == {"w1", "w2"}, within=60)
+        await asyncio.to_thread(load.wait, LOAD_SECONDS + 30)
+        cluster.start_rabbit(node)
+        report = await _wait_for_all(record, _expected(confirmed), within=120)
+        assert (report.lost, report.reordered, report.overlaps) == ([], [], []), report
+        _assert_every_bucket_resumed(record, settings.buckets, killed_at)
+    finally:
+        close_zk(zk)
+        if load.poll() is None:
+            load.kill()
+        for process in processes:
+            process.stop()
+        cluster.keep_logs(tmp_path / "servers")
+
+
+async def test_the_zookeeper_leader_killed_while_a_coordinator_campaigns(
+    cluster: LocalCluster, settings: Settings, tmp_path: Path
+) -> None:
+    """The leading coordinator is killed; the moment its election node goes (its session
+    expired) and the other coordinator takes the lock, the ZooKeeper leader is killed too. The
+    campaign must end with exactly one leader at a higher leader epoch, which goes on deciding
+    (a worker that joins afterwards gets buckets), and the workers lose nothing meanwhile."""
+    settings = settings.model_copy(update={"app": "campaign"})  # none of another test's nodes
+    record, confirmed = tmp_path / "executions.jsonl", tmp_path / "confirmed.jsonl"
+    await ensure_topology(settings)
+    coordinators = {name: start_coordinator(settings, name, tmp_path) for name in ("c1", "c2")}
+    workers = [WorkerProcess(settings, n, HANDLER, record, tmp_path) for n in ("w1", "w2")]
+    load = _start_load(settings, confirmed, tmp_path, rate=300)
+    zk = connect_zk(settings, "coordinator")
+    paths = Paths(settings.app)
+    try:
+        first = await eventually(lambda: _leadership(zk, paths), within=30)
+        await eventually(lambda: len(zk.get_children(paths.election)) == 2, within=30)
+        # The lock is held by the lowest sequence number: the leader's node.
+        holder = min(zk.get_children(paths.election), key=lambda name: name[-10:])
+        coordinators[first.leader].kill()
+        await eventually(lambda: holder not in zk.get_children(paths.election), 60, every=0.02)
+        zookeeper = cluster.wait_zk_leader()
+        killed_at = time.time()
+        cluster.kill_zk(zookeeper)
+        (standby,) = set(coordinators) - {first.leader}
+        after = await eventually(
+            lambda: _leadership(zk, paths, newer_than=first), within=60, every=0.2
+        )
+        assert after.leader == standby and after.epoch > first.epoch, (first, after)
+        workers.append(WorkerProcess(settings, "w3", HANDLER, record, tmp_path))
+        await eventually(lambda: "w3" in _owners(zk, settings), within=60)
+        await asyncio.to_thread(load.wait, LOAD_SECONDS + 30)
+        cluster.start_zk(zookeeper)
+        report = await _wait_for_all(record, _expected(confirmed), within=120)
+        assert (report.lost, report.reordered, report.overlaps) == ([], [], []), report
+        _assert_every_bucket_resumed(record, settings.buckets, killed_at)
+    finally:
+        close_zk(zk)
+        if load.poll() is None:
+            load.kill()
+        for process in [*coordinators.values(), *workers]:
+            process.stop()
+        cluster.keep_logs(tmp_path / "servers")
+
+
+HANDLER = "tests.support.handlers:record"
+
+
+def _records(zk: KazooClient, settings: Settings) -> list[BucketRecord]:
+    """Every bucket's record; none while ZooKeeper does not answer."""
+    paths = Paths(settings.app)
+    try:
+        return [BucketRecord.decode(zk.get(paths.bucket(b))[0]) for b in range(settings.buckets)]
+    except (NoNodeError, KazooException):
+        return []
+
+
+def _owners(zk: KazooClient, settings: Settings) -> set[str]:
+    """The workers that own a bucket now (granted or moving away)."""
+    return {record.owner for record in _records(zk, settings) if record.owner}
+
+
+def _revoking_from(zk: KazooClient, settings: Settings, worker: str) -> bool:
+    return any(
+        record.state is BucketState.REVOKING and record.owner == worker
+        for record in _records(zk, settings)
+    )
+
+
+def _leadership(
+    zk: KazooClient, paths: Paths, newer_than: Leadership | None = None
+) -> Leadership | None:
+    """The leader record, once there is one (newer than ``newer_than``); None until then, and
+    while ZooKeeper does not answer."""
+    try:
+        found = Leadership.decode(zk.get(paths.leader)[0])
+    except (NoNodeError, KazooException):
+        return None
+    return found if newer_than is None or found.epoch > newer_than.epoch else None
+
+
+def _node_of(settings: Settings, cluster: LocalCluster, prefix: str) -> int | None:
+    """The RabbitMQ node of a connection whose name starts with ``prefix``, once the
+    management API lists one."""
+    for connection in Management(settings).connections():
+        if str(connection.get("user_provided_name", "")).startswith(prefix):
+            return cluster.rabbit_index(connection["node"])
+    return None

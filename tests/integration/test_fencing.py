@@ -12,6 +12,7 @@ import http.client
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from kazoo.exceptions import ConnectionLoss
 
 import hashq_coordinator.fencing.fencer as fencing
 import hashq_coordinator.runtime as runtime
-from hashq.records import BucketRecord, BucketState, Registration, worker_connection_name
+from hashq.records import (
+    RETURN_GRACE_SECONDS,
+    BucketRecord,
+    BucketState,
+    Registration,
+    worker_connection_name,
+)
 from hashq.settings import Settings
 from hashq.topology import Topology
 from hashq_coordinator.fencing.cutoff import fence
@@ -85,6 +92,30 @@ def stub_fence(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return calls
 
 
+def test_a_fenced_bucket_is_granted_only_once_the_queues_had_time_to_take_back_its_messages() -> (
+    None
+):
+    """A fence is done when no connection of the incarnation is left; the bucket queues may
+    take back what those connections held only later (a queue led from a failed node, once it
+    has a leader again: tests/e2e/test_cluster.py). So the next owner is granted
+    ``RETURN_GRACE_SECONDS`` after the first fence that finished once the bucket was fencing;
+    fences of the worker's newer connections (it lives on and reconnects) do not restart it."""
+    stuck = BucketRecord(BucketState.FENCING, "w1", "i1", 3, target="w2", since=10.0)
+    live = {"w2": _registration(1)}
+
+    def granted(now: float, done: tuple[float, ...]) -> bool:
+        view = View(1, {0: stuck}, live, frozenset(), frozenset({INCARNATION}), now, 1)
+        view = replace(view, fences_done={INCARNATION: done})
+        record = step(view, {0: "w2"}).records.get(0)
+        return record is not None and record.state is BucketState.GRANTED
+
+    grace = RETURN_GRACE_SECONDS
+    assert not granted(11.0 + grace - 0.01, (11.0,))
+    assert granted(11.0 + grace, (11.0,))
+    assert granted(11.0 + grace, (11.0, 13.0, 15.5))  # later fences of newer connections
+    assert not granted(30.0, (9.0,))  # finished before the bucket began to move: not this one
+
+
 async def test_a_fenced_worker_that_reconnected_is_fenced_again(
     settings: Settings, stub_fence: list[float]
 ) -> None:
@@ -146,7 +177,7 @@ def test_a_worker_that_vanished_while_the_leader_could_not_look_is_fenced_afresh
         book = FenceBook()
         book.note({"w1": _registration(1)}, {INCARNATION}, now=0.0, asked=0.0)
         book.note({"w1": _registration(1)}, {INCARNATION}, now=10.0, asked=9.95)
-        book.done(INCARNATION, book.sighting(INCARNATION, 10.0))
+        book.done(INCARNATION, book.sighting(INCARNATION, 10.0), now=10.0)
         book.note({}, {INCARNATION}, now=10.0 + gap, asked=9.95 + gap)  # w1 is gone
         assert (INCARNATION not in book.covered()) is afresh
         assert book.listable_in(INCARNATION, now=10.0 + gap, lag=6.0) == (6.0 if afresh else 0.0)

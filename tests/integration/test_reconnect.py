@@ -30,6 +30,7 @@ from tests.support.helpers import close_connection_named, wait_for_connection
 from tests.support.services import Endpoints
 from tests.support.workers import StartWorker, check, read_appended, wait_for_executions
 from tests.support.workload import publish, workload
+from tools.broker_env import consumer_timeout_settings, restore_rabbit_env, set_rabbit_env
 from tools.polling import eventually
 
 
@@ -182,25 +183,12 @@ async def test_a_consumer_the_broker_cancels_is_subscribed_again(
 @pytest.fixture
 def short_consumer_timeout(endpoints: Endpoints) -> Iterator[None]:
     """RabbitMQ's consumer_timeout at 1 s (checked every 0.2 s) for the channels opened during
-    the test; the broker's own values are put back after it (each channel reads both when it
-    opens, and a channel cannot open without a tick interval)."""
+    the test; the broker's own values are put back after it."""
     if endpoints.rabbit_eval is None:
         pytest.skip(f"the broker from {endpoints.source} cannot be reconfigured by the tests")
-    settings = {"consumer_timeout": 1000, "channel_tick_interval": 200}
-    before = {name: _rabbit_env(endpoints, name) for name in settings}
-    for name, value in settings.items():
-        endpoints.rabbit_eval(f"application:set_env(rabbit, {name}, {value}).")
+    before = set_rabbit_env(endpoints.rabbit_eval, consumer_timeout_settings(1000))
     yield
-    for name, term in before.items():
-        change = f"set_env(rabbit, {name}, {term})" if term else f"unset_env(rabbit, {name})"
-        endpoints.rabbit_eval(f"application:{change}.")
-
-
-def _rabbit_env(endpoints: Endpoints, name: str) -> str:
-    """The broker's value of ``name`` as an Erlang term, or "" when it is not set."""
-    assert endpoints.rabbit_eval is not None
-    found = endpoints.rabbit_eval(f"application:get_env(rabbit, {name}).").strip()
-    return found[len("{ok,") : -1] if found.startswith("{ok,") else ""
+    restore_rabbit_env(endpoints.rabbit_eval, before)
 
 
 async def test_a_channel_closed_for_consumer_timeout_is_said_and_loses_nothing(

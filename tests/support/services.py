@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import SERVICES_SCRIPT
+from tools.broker_env import rabbit_eval
 from tools.polling import wait_until
 
 SCRIPT = SERVICES_SCRIPT
@@ -98,7 +99,7 @@ def from_script() -> Endpoints | None:
         stop=control("down"),
         start=control("up"),
         tls=TlsEndpoints.from_script_env(env),
-        rabbit_eval=lambda expression: _script("rabbit-eval", expression),
+        rabbit_eval=rabbit_eval,
     )
 
 

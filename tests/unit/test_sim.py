@@ -28,16 +28,28 @@ BY_NAME = {mutation.name: mutation for mutation in MUTATIONS}
 # confirm-freeze fault waits for the buckets to move): a seed that shows each, and the mutation
 # of ``make mutations`` that takes its fix out (one way of taking a fix out, not two).
 FOUND: dict[str, tuple[int, str]] = {
-    "an owner cut off ZooKeeper was fenced before it could notice": (1097, "revoke-within-drain"),
+    # "an owner cut off ZooKeeper was fenced before it could notice" (seed 1097, mutation
+    # revoke-within-drain) is no longer shown by any seed from 1 to 1999: since a grant after a
+    # fence waits RETURN_GRACE_SECONDS, that wait alone outlasts the owner's noticing in them.
     "a worker cut off from RabbitMQ kept its grants": (6, "no-withdrawal"),
     "a revoked bucket released before the broker dropped its channel": (
-        509,
+        439,
         "release-after-unconfirmed-close",
     ),
-    "a connection that died while announced was taken as up": (105, "lost-taken-as-up"),
+    "a connection that died while announced was taken as up": (13, "lost-taken-as-up"),
     "a deposed leader's lock node blocked every election": (6, "lock-released-once"),
     "a session check answered before a second pause was believed after it": (12, "finding-8"),
     "a leader trusted sightings from before a blind spot (its election)": (420, "no-blind-spot"),
+    # The cluster test found these two (a RabbitMQ node killed during a handover); the model
+    # has them since its queues may take back a dead connection's messages late.
+    "a bucket released while its queue still held what a dead connection had": (
+        57,
+        "release-without-return-grace",
+    ),
+    "a bucket granted after a fence while its queue still held what was cut off": (
+        33,
+        "grant-without-return-grace",
+    ),
 }
 
 

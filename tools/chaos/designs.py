@@ -36,7 +36,10 @@ class Design:
 
     def worker(self, name: str) -> list[str]:
         if self.name == "hashq":
-            return ["-m", "hashq.worker.cli", "tools.chaos.handler:record", "--worker-id", name]
+            # Every other worker runs its handlers in threads, which a drain cannot cancel.
+            threads = int(name.rsplit("-", 1)[-1]) % 2 == 0
+            handler = "record_in_thread" if threads else "record"
+            return ["-m", "hashq.worker.cli", f"tools.chaos.handler:{handler}", "--worker-id", name]
         return ["-m", "tools.chaos.naive", self.name, "--worker-id", name]
 
     async def prepare(self, settings: Settings) -> None:

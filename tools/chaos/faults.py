@@ -17,13 +17,19 @@ from hashq._io.zk import close_zk, connect_zk
 from hashq.records import Leadership, Paths
 from hashq.settings import Settings
 from tools import SERVICES_SCRIPT, say
+from tools.broker_env import rabbit_eval, set_rabbit_env
+from tools.chaos.clock import Clocks
 from tools.chaos.designs import Design
 from tools.chaos.network import Network
-from tools.chaos.proxy import Link
 from tools.launcher import Fleet
 
 SESSION_SECONDS = 4.0
+DRAIN_SECONDS = 2.0  # shorter than the publishers' holds (tools.chaos.publish)
 PROCESS_FAULTS = ("kill", "start", "term", "stop", "leader", "rabbitmq", "zookeeper")
+ROLLING = (
+    "rolling-workers",  # each worker in turn: SIGTERM, a new one started, then the next
+    "rolling-coordinators",  # the same for each coordinator
+)
 NETWORK_FAULTS = (
     "cut-zk",  # a worker cut off ZooKeeper; its AMQP connection stays up
     "cut-amqp",  # a worker cut off RabbitMQ; its ZooKeeper session stays up
@@ -34,7 +40,11 @@ NETWORK_FAULTS = (
     "halfopen-zk",  # the same for its ZooKeeper connection
     "slow",  # 0.2 to 2 s added to every link of one worker
 )
-FAULT_KINDS = PROCESS_FAULTS + NETWORK_FAULTS  # Chaos.kinds
+CLOCK_FAULTS = (
+    "clock-worker",  # one worker's wall clock stepped by plus or minus 1 to 10 minutes
+    "clock-leader",  # the same for the leading coordinator
+)
+FAULT_KINDS = PROCESS_FAULTS + ROLLING + NETWORK_FAULTS + CLOCK_FAULTS  # Chaos.kinds
 
 
 class Chaos:
@@ -44,18 +54,23 @@ class Chaos:
         self,
         fleet: Fleet,
         network: Network,
+        clocks: Clocks,
         design: Design,
         settings: Settings,
         seed: int,
         schedule: list[str] | None = None,
+        broker_settings: dict[str, int] | None = None,
     ) -> None:
         self.fleet = fleet
         self.network = network
+        self.clocks = clocks
         self.design = design
         self.settings = settings
         self.rng = random.Random(seed)
         # Fault kinds to carry out in turn, and then no more; None: each drawn from the seed.
         self.schedule = None if schedule is None else list(schedule)
+        # Set in RabbitMQ at run time (tools.broker_env), so set again after each restart of it.
+        self.broker_settings = broker_settings or {}
         self.log: list[dict[str, Any]] = []
         self._started = time.monotonic()
         self._serial = 0
@@ -78,7 +93,7 @@ class Chaos:
         """Start a worker or a coordinator of the design, on links of its own; its name."""
         self._serial += 1
         name = f"{kind}-{self._serial}"
-        env = await self.network.attach(name)
+        env = {**await self.network.attach(name), **self.clocks.environment(name)}
         if kind == "coordinator":
             argv = ["-m", "hashq_coordinator.cli", "--coordinator-id", name]
         else:
@@ -94,6 +109,8 @@ class Chaos:
             "stop": self.stop_worker,
             "leader": self.kill_leader,
             "rabbitmq": lambda: self.restart("rabbitmq"),
+            "rolling-workers": lambda: self.rolling("worker"),
+            "rolling-coordinators": lambda: self.rolling("coordinator"),
             "zookeeper": lambda: self.restart("zookeeper"),
             "cut-zk": lambda: self.cut_worker("zookeeper"),
             "cut-amqp": lambda: self.cut_worker("amqp"),
@@ -103,6 +120,8 @@ class Chaos:
             "halfopen-amqp": lambda: self.half_open("amqp"),
             "halfopen-zk": lambda: self.half_open("zookeeper"),
             "slow": self.slow_worker,
+            "clock-worker": self.step_worker_clock,
+            "clock-leader": self.step_leader_clock,
         }
 
     async def one(self) -> None:
@@ -146,6 +165,22 @@ class Chaos:
             entry["until"] = time.time()
             say(f"SIGCONT {victim}")
 
+    async def rolling(self, kind: str) -> None:
+        """A rolling restart under load: each of ``kind`` in turn stopped with SIGTERM (waiting
+        for its exit, as Kubernetes does up to its grace period) and replaced by a new one."""
+        if kind == "coordinator" and not self.design.coordinated:
+            say("rolling coordinators: this design has no coordinator")
+            return
+        began = time.time()
+        old = self.fleet.alive(kind)
+        for name in old:
+            self.fleet.signal(name, signal.SIGTERM)
+            await asyncio.to_thread(self.fleet.processes[name].wait, 4 * DRAIN_SECONDS + 10)
+            await self.start(kind)
+            await asyncio.sleep(SESSION_SECONDS)  # the new one registers and is granted work
+        entry = self.note(f"rolling restart {kind}s", ",".join(old), took_effect=bool(old))
+        entry["wall"], entry["until"] = began, time.time()
+
     async def kill_leader(self) -> None:
         if not self.design.coordinated:
             say("kill -9 leader: this design has no coordinator")
@@ -171,14 +206,19 @@ class Chaos:
             await self._cut(f"cut {'+'.join(servers)} worker", victim, servers)
 
     async def cut_leader(self, server: str) -> None:
+        if leader := await self._leader(f"cut {server} leader"):
+            await self._cut(f"cut {server} leader", leader, (server,))
+
+    async def _leader(self, fault: str) -> str | None:
+        """The leading coordinator of this run, or None (noted, without effect)."""
         if not self.design.coordinated:
-            say(f"cut {server} leader: this design has no coordinator")
-            return
+            say(f"{fault}: this design has no coordinator")
+            return None
         leader = await asyncio.to_thread(read_leader, self.settings)
         if leader and leader in self.network.links:
-            await self._cut(f"cut {server} leader", leader, (server,))
-        else:
-            self.note(f"cut {server} leader", str(leader), took_effect=False)
+            return leader
+        self.note(fault, str(leader), took_effect=False)
+        return None
 
     async def _cut(self, fault: str, target: str, servers: tuple[str, ...]) -> None:
         links = self.network.links[target]
@@ -187,14 +227,14 @@ class Chaos:
         entry["open_elsewhere"] = {server: links[server].connections for server in others}
         for server in servers:
             links[server].cut()
-        await self._heal_after(entry, [links[server] for server in servers])
+        await self._heal_after(entry, *(links[server].heal for server in servers))
 
     async def half_open(self, server: str) -> None:
         if victim := await self._victim():
             link = self.network.links[victim][server]
             entry = self.note(f"half-open {server} worker", victim, link.connections > 0)
             link.blackhole()
-            await self._heal_after(entry, [link])
+            await self._heal_after(entry, link.heal)
 
     async def slow_worker(self) -> None:
         if victim := await self._victim():
@@ -204,14 +244,29 @@ class Chaos:
             links = list(self.network.links[victim].values())
             for link in links:
                 link.slow(delay)
-            await self._heal_after(entry, links)
+            await self._heal_after(entry, *(link.heal for link in links))
 
-    async def _heal_after(self, entry: dict[str, Any], links: list[Link]) -> None:
+    # ------------------------------------------------------------ clocks
+    async def step_worker_clock(self) -> None:
+        if victim := await self._victim():
+            await self._step_clock("clock step worker", victim)
+
+    async def step_leader_clock(self) -> None:
+        if leader := await self._leader("clock step leader"):
+            await self._step_clock("clock step leader", leader)
+
+    async def _step_clock(self, fault: str, target: str) -> None:
+        seconds = self.rng.choice((-1, 1)) * round(self.rng.uniform(60, 600))
+        entry = self.note(fault, target, self.clocks.step(target, seconds))
+        entry["step_s"] = seconds
+        await self._heal_after(entry, lambda: self.clocks.heal(target))
+
+    async def _heal_after(self, entry: dict[str, Any], *heals: Callable[[], None]) -> None:
         lasting = self._lasting()
         entry["lasting_s"] = round(lasting, 2)
         await asyncio.sleep(lasting)
-        for link in links:
-            link.heal()
+        for heal in heals:
+            heal()
         entry["until"] = time.time()
         say(f"healed {entry['fault']} {entry['target']}")
 
@@ -220,6 +275,8 @@ class Chaos:
         ok = await asyncio.to_thread(services, "restart", service)
         if not ok:  # a harness fault, not the design's: bring the service back
             await asyncio.to_thread(services, "up", service)
+        if service == "rabbitmq" and self.broker_settings:
+            await asyncio.to_thread(set_rabbit_env, rabbit_eval, self.broker_settings)
         entry = self.note(f"restart {service}", took_effect=ok)
         entry["wall"], entry["until"] = began, time.time()
 

@@ -1,6 +1,11 @@
-"""The work every chaos consumer does, hashq's or a baseline's: a short, variable pause, then
-one JSON line per execution appended to the file named by HASHQ_CHAOS_RECORD (see
-``tools.executions.append_record``: atomic, survives kill -9)."""
+"""The work every chaos consumer does, hashq's or a baseline's: a short, variable pause (or the
+``hold`` seconds its message asks for, ``tools.chaos.publish``), then one JSON line per
+execution appended to the file named by HASHQ_CHAOS_RECORD (see
+``tools.executions.append_record``: atomic, survives kill -9).
+
+hashq's chaos workers run ``record`` (a coroutine, cancelled when its bucket is cut off) or
+``record_in_thread`` (a plain function in a thread, which nothing can stop: the zombie that
+outlives its drain timeout and its channel)."""
 
 from __future__ import annotations
 
@@ -9,33 +14,71 @@ import json
 import os
 import random
 import time
+from typing import Any
 
 from hashq.message import Message
+from tools.chaos.clock import true_offset
 from tools.executions import append_record
+
+_TRUE_OFFSET = true_offset()
+
+
+def _now() -> float:
+    """The true time, even in a process whose wall clock a fault stepped (tools.chaos.clock)."""
+    return _TRUE_OFFSET + time.monotonic()
 
 
 async def execute(
     key: str, body: bytes, message_id: str | None, bucket: int, epoch: int | None, again: bool
 ) -> None:
     """Do the work of one message and record it. ``epoch`` None: the design has no token."""
-    started = time.time()
-    await asyncio.sleep(random.uniform(0.0005, 0.004))
+    started = _now()
+    await asyncio.sleep(_pause(body))
     append_record(
-        "HASHQ_CHAOS_RECORD",
-        {
-            "key": key,
-            "seq": json.loads(body)["seq"],
-            "id": message_id,
-            "worker": os.environ.get("HASHQ_WORKER_ID", str(os.getpid())),
-            "bucket": bucket,
-            "epoch": epoch,
-            "redelivered": again,
-            "start": started,
-            "end": time.time(),
-        },
+        "HASHQ_CHAOS_RECORD", _execution(key, body, message_id, bucket, epoch, again, started)
     )
 
 
 async def record(msg: Message) -> None:
     """The handler hashq's chaos workers run."""
     await execute(msg.key, msg.body, msg.message_id, msg.bucket, msg.epoch, msg.redelivered)
+
+
+def record_in_thread(msg: Message) -> None:
+    """The same work as ``record``, as a plain function: hashq runs it in a thread."""
+    started = _now()
+    time.sleep(_pause(msg.body))
+    execution = _execution(
+        msg.key, msg.body, msg.message_id, msg.bucket, msg.epoch, msg.redelivered, started
+    )
+    append_record("HASHQ_CHAOS_RECORD", {**execution, "thread": True})
+
+
+def _pause(body: bytes) -> float:
+    hold = json.loads(body).get("hold")
+    return float(hold) if hold else random.uniform(0.0005, 0.004)
+
+
+def _execution(
+    key: str,
+    body: bytes,
+    message_id: str | None,
+    bucket: int,
+    epoch: int | None,
+    again: bool,
+    started: float,
+) -> dict[str, Any]:
+    now = _now()
+    stepped = round(time.time() - now)  # what this process's own clock says, against the truth
+    return {
+        **({"clock_off": stepped} if stepped else {}),
+        "key": key,
+        "seq": json.loads(body)["seq"],
+        "id": message_id,
+        "worker": os.environ.get("HASHQ_WORKER_ID", str(os.getpid())),
+        "bucket": bucket,
+        "epoch": epoch,
+        "redelivered": again,
+        "start": started,
+        "end": now,
+    }

@@ -4,6 +4,11 @@ well defined even when a publish fails and is retried. Every confirmed message i
 the ``--confirmed`` file as ``{"key", "seq", "id", "at"}`` (one line each, flushed per batch;
 ``at`` is the wall-clock time the batch's confirms were in).
 
+About once every ``--hold-every`` seconds a message asks its handler to take ``hold`` seconds,
+drawn from ``--hold`` (longer than the workers' drain timeout), and half the time the key's next
+message does too: two long ones in a row keep the second unacknowledged for longer than either,
+which is how the run makes the broker's ``consumer_timeout`` fire (``tools.chaos.run``).
+
 ``--client hashq`` uses hashq's Publisher (to the app's exchange; ``--exchange`` must name it);
 ``--client plain`` uses aio-pika directly, as any AMQP client would (mandatory, confirms), to
 show that foreign publishers work too, and to feed the naive designs' exchanges.
@@ -106,6 +111,34 @@ async def plain_sender(
     return send, close
 
 
+class Holds:
+    """Which messages ask for a long handler: each with probability ``chance``; after one, half
+    the time the key's next message too, published in the very next batch, so that it waits
+    for the first while its own clock runs (the case that makes ``consumer_timeout`` fire)."""
+
+    def __init__(self, rng: random.Random, chance: float, seconds: tuple[float, float]) -> None:
+        self._rng = rng
+        self._chance = chance
+        self._seconds = seconds
+        self._next: dict[str, int] = {}  # key -> the seq that is held too
+        self._followers: list[str] = []  # keys whose next message goes in the next batch
+
+    def body(self, key: str, seq: int) -> bytes:
+        if self._next.get(key) != seq and self._rng.random() >= self._chance:
+            return json.dumps({"seq": seq}).encode()
+        if self._rng.random() < 0.5:
+            self._next[key] = seq + 1
+            self._followers.append(key)
+        return json.dumps(
+            {"seq": seq, "hold": round(self._rng.uniform(*self._seconds), 2)}
+        ).encode()
+
+    def choose(self, rng: random.Random, keys: list[str], size: int) -> list[str]:
+        """The keys of the next batch, each at most once: the followers first."""
+        followers, self._followers = self._followers, []
+        return list(dict.fromkeys(followers + rng.sample(keys, min(size, len(keys)))))[:size]
+
+
 async def run(args: argparse.Namespace) -> None:
     settings = load_settings()
     sender = hashq_sender if args.client == "hashq" else plain_sender
@@ -119,11 +152,12 @@ async def run(args: argparse.Namespace) -> None:
     fd = os.open(args.confirmed, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     deadline = time.monotonic() + args.seconds
     interval = args.batch / args.rate
+    holds = Holds(rng, 1 / (args.rate * args.hold_every) if args.hold_every else 0.0, args.hold)
     while not stop.is_set() and time.monotonic() < deadline:
         started = time.monotonic()
-        chosen = rng.sample(keys, min(args.batch, len(keys)))  # a key at most once per batch
+        chosen = holds.choose(rng, keys, args.batch)
         batch = [
-            Outgoing(key, json.dumps({"seq": next_seq[key]}).encode(), message_id=uuid.uuid4().hex)
+            Outgoing(key, holds.body(key, next_seq[key]), message_id=uuid.uuid4().hex)
             for key in chosen
         ]
         confirmed = await send(batch)
@@ -149,6 +183,11 @@ async def run(args: argparse.Namespace) -> None:
     await close()
 
 
+def _range(text: str) -> tuple[float, float]:
+    low, high = (float(part) for part in text.split(","))
+    return low, high
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="chaos-publish")
     parser.add_argument("--client", choices=["hashq", "plain"], default="hashq")
@@ -160,6 +199,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--confirmed", required=True)
+    parser.add_argument("--hold-every", type=float, default=0.0, help="seconds; 0: no holds")
+    parser.add_argument("--hold", type=_range, default=(2.5, 3.5), help="MIN,MAX seconds")
     asyncio.run(run(parser.parse_args()))
     return 0
 

@@ -26,8 +26,15 @@ from typing import Any
 
 from hashq.settings import Settings, load_settings
 from tools import say
+from tools.broker_env import (
+    consumer_timeout_settings,
+    rabbit_eval,
+    restore_rabbit_env,
+    set_rabbit_env,
+)
+from tools.chaos.clock import OFFSET_VARIABLE, Clocks, true_offset
 from tools.chaos.designs import DESIGNS, Design, leftovers
-from tools.chaos.faults import FAULT_KINDS, SESSION_SECONDS, Chaos
+from tools.chaos.faults import DRAIN_SECONDS, FAULT_KINDS, SESSION_SECONDS, Chaos
 from tools.chaos.network import Network
 from tools.chaos.recovery import recoveries
 from tools.checker import judge
@@ -57,11 +64,23 @@ async def run_design(
     fleet = Fleet(
         settings,
         files.folder,
-        {"HASHQ_ZK_SESSION_TIMEOUT": str(SESSION_SECONDS), "HASHQ_CHAOS_RECORD": str(files.record)},
+        {
+            "HASHQ_ZK_SESSION_TIMEOUT": str(SESSION_SECONDS),
+            "HASHQ_DRAIN_TIMEOUT": str(DRAIN_SECONDS),  # the publishers' holds outlast it
+            "HASHQ_CHAOS_RECORD": str(files.record),
+            OFFSET_VARIABLE: repr(true_offset()),  # records keep true times under a stepped clock
+        },
     )
     schedule = args.faults.split(",") if args.faults else None
     network = Network(settings)
-    chaos = Chaos(fleet, network, design, settings, args.seed, schedule)
+    clocks = Clocks(files.folder)
+    if clocks.library is None:
+        say(
+            "chaos: libfaketime is not installed (apt-get install faketime): clock steps do nothing"
+        )
+    chaos = Chaos(
+        fleet, network, clocks, design, settings, args.seed, schedule, broker_settings(args)
+    )
     say(f"{design.title}: {args.duration:g}s of faults, seed {args.seed}; files in {files.folder}")
     try:
         if design.coordinated:
@@ -89,6 +108,32 @@ async def run_design(
         "faults": chaos.log,
         "verdict": verdict.to_json(),
         "recovery": recoveries(chaos.log, executions),
+        "workload": workload(executions, files.folder),
+    }
+
+
+def broker_settings(args: argparse.Namespace) -> dict[str, int]:
+    """What the run sets in the broker, again after each restart of it."""
+    return (
+        consumer_timeout_settings(int(args.consumer_timeout * 1000))
+        if args.consumer_timeout
+        else {}
+    )
+
+
+def workload(executions: list[dict[str, Any]], logs: Path) -> dict[str, int]:
+    """What the holds and clock steps did: executions longer than the drain timeout (in threads,
+    and not), bucket channels the broker closed for its consumer_timeout (each logged once by a
+    worker), and executions in a process whose wall clock was stepped."""
+    long = [run for run in executions if run["end"] - run["start"] > DRAIN_SECONDS]
+    said = "past the broker's consumer_timeout"
+    return {
+        "past_drain_timeout": len(long),
+        "past_drain_timeout_in_threads": sum(1 for run in long if run.get("thread")),
+        "under_stepped_clock": sum(1 for run in executions if run.get("clock_off")),
+        "consumer_timeouts": sum(
+            path.read_text(errors="replace").count(said) for path in logs.glob("worker-*.log")
+        ),
     }
 
 
@@ -119,6 +164,8 @@ def publisher_argv(
         str(args.seed + number),
         "--confirmed",
         str(files.confirmed[number - 1]),
+        "--hold-every",
+        str(args.hold_every * 2),  # two publishers
     ]
 
 
@@ -203,6 +250,14 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
         )
         print(f"  {kind:<34}{cells}")
     for name in names:
+        held = results[name]["workload"]
+        print(
+            f"  {name}: {held['past_drain_timeout']:,} handlers ran past the drain timeout"
+            f" ({held['past_drain_timeout_in_threads']:,} in threads);"
+            f" {held['consumer_timeouts']:,} channels closed by consumer_timeout;"
+            f" {held['under_stepped_clock']:,} executions under a stepped wall clock"
+        )
+    for name in names:
         for stall in results[name]["recovery"]["stalls"][:3]:
             causes = ", ".join(stall["causes"]) or "no fault in force"
             stretch = f"bucket {stall['bucket']} started nothing for {stall['seconds']}s"
@@ -225,8 +280,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     app = args.app or f"chaos-{args.seed}-{time.strftime('%H%M%S')}"
     settings = load_settings(app=app, buckets=str(args.buckets))
     results = {}
-    for name in args.designs.split(","):
-        results[name] = await run_design(DESIGNS[name], settings, args)
+    before = await asyncio.to_thread(set_rabbit_env, rabbit_eval, broker_settings(args))
+    try:
+        for name in args.designs.split(","):
+            results[name] = await run_design(DESIGNS[name], settings, args)
+    finally:
+        await asyncio.to_thread(restore_rabbit_env, rabbit_eval, before)
     return {
         "app": app,
         "seed": args.seed,
@@ -253,10 +312,22 @@ def main() -> int:
     parser.add_argument(
         "--faults",
         help="comma-separated fault kinds to carry out in this order, and no others, instead of "
-        "drawing them: "
-        "kill, start, term, stop, leader, rabbitmq, zookeeper",
+        f"drawing them: {', '.join(FAULT_KINDS)}",
     )
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait at the end")
+    parser.add_argument(
+        "--hold-every",
+        type=float,
+        default=5.0,
+        help="mean seconds between messages whose handler outlasts the drain timeout; 0: none",
+    )
+    parser.add_argument(
+        "--consumer-timeout",
+        type=float,
+        default=4.0,
+        help="the broker's consumer_timeout during the run, seconds (0: the broker's own); "
+        "above the longest hold, below two of them",
+    )
     parser.add_argument("--app")
     parser.add_argument("--out")
     parser.add_argument("--keep", action="store_true", help="keep queues and ZooKeeper state")

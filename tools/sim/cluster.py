@@ -22,6 +22,9 @@ from tools.sim.zoo import NoNode, ZooKeeper
 PUBLISH_GAP = 0.01  # virtual seconds between publishes
 SETTLE_LIMIT = 300.0  # virtual seconds the healed cluster has to finish everything
 # How one worker may stay cut off for good while the rest heals: its keys must go on elsewhere.
+# A quorum queue whose leader was on a failed node returns a dead consumer's messages once it
+# has a leader again: within seconds (tests/e2e/test_cluster.py). The model's bound.
+RETURN_LAG_SECONDS = 3.0
 STRANDED = ("zk-partition", "amqp-partition", "freeze", "isolated", "zk-after-reconnect")
 
 
@@ -41,6 +44,7 @@ class Scenario:
     slow_share: float  # handlers past the drain timeout
     thread_share: float  # handlers that cannot be stopped
     stranded: str  # how worker 0 stays cut off after the other faults heal ("": it does not)
+    return_lag: float = 0.0  # how late a queue may return a dead connection's messages
 
     @classmethod
     def draw(cls, seed: int, horizon: float = 400.0) -> Scenario:
@@ -94,7 +98,10 @@ class Scenario:
             for c in self.worker_configs
         )
         coordinator = replace(self.coordinator_config, management_lag=lag)
-        return replace(self, worker_configs=configs, coordinator_config=coordinator)
+        return_lag = rng.choice((0.0, 0.0, 1.0, RETURN_LAG_SECONDS))  # drawn last of all
+        return replace(
+            self, worker_configs=configs, coordinator_config=coordinator, return_lag=return_lag
+        )
 
 
 @dataclass
@@ -123,6 +130,7 @@ class Cluster:
             consumer_timeout=scenario.consumer_timeout,
             heartbeat=3.0,
             listing_lag=scenario.coordinator_config.management_lag,
+            return_lag=scenario.return_lag,
         )
         self.broker.on_consumers = self.invariants.consumer_added
         self.worker_configs = list(scenario.worker_configs)  # a rolling upgrade changes them

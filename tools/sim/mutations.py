@@ -172,9 +172,8 @@ MUTATIONS = (
         "release-after-unconfirmed-close",
         "release after an unconfirmed close",
         LEASES,
-        "return not lease.unconfirmed"
-        " or (self.link_up and self.connection_number > lease.connection)",
-        "return True",
+        "        if not lease.unconfirmed:\n            return True\n",
+        "        return True\n",
     ),
     Mutation(
         "lost-taken-as-up",
@@ -221,6 +220,20 @@ MUTATIONS = (
         "coordinator/hashq_coordinator/machine/handover.py",
         "return max(registration.drain_timeout + self.fence_grace, registration.session_timeout)",
         "return registration.drain_timeout + self.fence_grace",
+    ),
+    Mutation(
+        "release-without-return-grace",
+        "a release after a lost connection does not wait for the queues to take back",
+        LEASES,
+        "lease.retry_at = self.link_up_since + RETURN_GRACE_SECONDS",
+        "lease.retry_at = self.link_up_since",
+    ),
+    Mutation(
+        "grant-without-return-grace",
+        "a grant after a fence does not wait for the queues to take back",
+        "coordinator/hashq_coordinator/machine/handover.py",
+        "done <= self.now - RETURN_GRACE_SECONDS",
+        "done <= self.now",
     ),
     Mutation(
         "withdraw-no-timer",

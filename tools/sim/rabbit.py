@@ -166,6 +166,7 @@ class Broker:
         consumer_timeout: float = 0.0,
         heartbeat: float = 10.0,
         listing_lag: float = 2.0,
+        return_lag: float = 0.0,
     ) -> None:
         self.world = world
         self.buckets = buckets
@@ -174,6 +175,8 @@ class Broker:
         self.consumer_timeout = consumer_timeout
         self.heartbeat = heartbeat
         self.listing_lag = listing_lag
+        self.return_lag = return_lag
+        self.dying: list[Channel] = []  # of closed connections, not yet ended by their queue
         self.prefetch_cap = prefetch_cap
         self.connections: list[Connection] = []
         self.dead: list[Msg] = []
@@ -205,7 +208,7 @@ class Broker:
             return
         connection.open = False
         for channel in list(connection.channels.values()):
-            self._end_channel(channel)
+            self._end_channel_later(channel)
         for name, queue in list(self.queues.items()):
             if queue.owner is connection:
                 del self.queues[name]
@@ -257,7 +260,9 @@ class Broker:
         connection.channels[number] = channel
         queue.consumers.append(channel)
         if self.on_consumers is not None:
-            self.on_consumers(name, [c.epoch for c in queue.consumers])
+            # A channel of a dead connection that the queue has not ended yet runs nothing.
+            live = [c.epoch for c in queue.consumers if c.connection.open]
+            self.on_consumers(name, live)
         self._dispatch(queue)
         return ""
 
@@ -273,7 +278,7 @@ class Broker:
 
     def ack(self, connection: Connection, number: int, tag: int, multiple: bool) -> None:
         channel = connection.channels.get(number)
-        if channel is None or not channel.open:
+        if channel is None or not channel.open or not connection.open:
             return
         tags = [t for t in channel.unacked if t <= tag] if multiple else [tag]
         for acked in tags:
@@ -300,6 +305,25 @@ class Broker:
             self.cancel(channel.connection, channel.number)
             connection = channel.connection
             connection.down.send(lambda: connection.client.consumer_cancelled(channel.number))
+
+    def _end_channel_later(self, channel: Channel) -> None:
+        """A bucket queue learns of a dead connection's channel on its own time: at once where
+        the queue lives on the connection's node, up to ``return_lag`` later in a cluster
+        whose queue leader was on a failed node and is elected again first (the connection
+        and its exclusive queues are gone meanwhile; tests/e2e/test_cluster.py found it). Until
+        then the channel keeps what it was delivered and, if still consuming, stays the
+        queue's active consumer."""
+        lag = self.world.rng.uniform(0.0, self.return_lag) if self.return_lag else 0.0
+        if lag <= 0:
+            self._end_channel(channel)
+            return
+        self.dying.append(channel)
+
+        def ended() -> None:
+            self.dying.remove(channel)
+            self._end_channel(channel)
+
+        self.world.after(lag, ended)
 
     def _end_channel(self, channel: Channel) -> None:
         if not channel.open:
@@ -383,4 +407,4 @@ class Broker:
         """Messages not yet acknowledged, in queues or checked out."""
         ready = sum(len(q.ready) for q in self.queues.values())
         out = sum(len(ch.unacked) for c in self.connections for ch in c.channels.values())
-        return ready + out
+        return ready + out + sum(len(channel.unacked) for channel in self.dying)

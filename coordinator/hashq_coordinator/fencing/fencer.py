@@ -48,7 +48,7 @@ class Fencer:
         self._liveness = liveness or Liveness(settings, Topology.from_settings(settings))
         self.book = book or FenceBook()
         # Told when a fence is done: the coordinator's machine records it in the book.
-        self._on_done = on_done or self.book.done
+        self._on_done = on_done or (lambda i, s: self.book.done(i, s, time.monotonic()))
         self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
         self.cannot_fence: str | None = None  # why the management API cannot fence, if so
 

@@ -124,7 +124,7 @@ class CoordinatorMachine:
             return self._resign("deposed")
         if isinstance(event, FenceDone):
             self.fencing.discard(event.incarnation)
-            self.book.done(event.incarnation, event.covered)
+            self.book.done(event.incarnation, event.covered, now)
             self.fences_done += 1
         if self._busy:
             return []
@@ -173,6 +173,7 @@ class CoordinatorMachine:
             workers=live,
             releases=frozenset(event.releases),
             fenced=self.book.covered(),
+            fences_done=self.book.fences_done(),
             now=now,
             revoke_timeout=self.revoke_timeout,
             fence_grace=self.fence_grace,

@@ -41,6 +41,7 @@ class FenceBook:
     def __init__(self) -> None:
         self._sightings: dict[Incarnation, Sighting] = {}  # newest connection of each
         self._fenced: dict[Incarnation, str] = {}  # the newest connection a fence covered
+        self._fenced_at: dict[Incarnation, list[float]] = {}  # when its fences finished
         self._live: set[Incarnation] = set()  # live at the last observation
         self._seen_until = -math.inf  # when the last observation was asked
 
@@ -62,6 +63,7 @@ class FenceBook:
         self._live, self._seen_until = live, asked
         self._sightings = {k: v for k, v in self._sightings.items() if k in keep}
         self._fenced = {k: v for k, v in self._fenced.items() if k in keep}
+        self._fenced_at = {k: v for k, v in self._fenced_at.items() if k in keep}
 
     def _unseen(self, vanished: set[Incarnation], now: float) -> None:
         """Incarnations that vanished while this leader did not look for as long as a session
@@ -90,9 +92,10 @@ class FenceBook:
         does its absence from the management API's list prove that it is closed."""
         return max(0.0, self.sighting(incarnation, now).since + lag - now)
 
-    def done(self, incarnation: Incarnation, covered: Sighting) -> None:
-        """A fence finished; it covered ``covered`` (the sighting it waited for)."""
+    def done(self, incarnation: Incarnation, covered: Sighting, now: float) -> None:
+        """A fence finished ``now``; it covered ``covered`` (the sighting it waited for)."""
         self._fenced[incarnation] = covered.connection
+        self._fenced_at.setdefault(incarnation, []).append(now)
 
     def covered(self) -> frozenset[Incarnation]:
         """Incarnations fenced since their newest connection was announced."""
@@ -101,3 +104,7 @@ class FenceBook:
             for incarnation, connection in self._fenced.items()
             if self._sightings.get(incarnation, Sighting("", 0)).connection == connection
         )
+
+    def fences_done(self) -> dict[Incarnation, tuple[float, ...]]:
+        """When each incarnation's fences finished (this leader's clock), oldest first."""
+        return {incarnation: tuple(times) for incarnation, times in self._fenced_at.items()}

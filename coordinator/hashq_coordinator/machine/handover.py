@@ -17,10 +17,11 @@ cut off, and always at a higher epoch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from hashq.records import Assignment, BucketRecord, BucketState, Registration
+from hashq.records import RETURN_GRACE_SECONDS, Assignment, BucketRecord, BucketState, Registration
 
 Incarnation = tuple[str, str]  # (worker id, incarnation)
 
@@ -37,6 +38,34 @@ class View:
     now: float  # the leader's monotonic clock; ``BucketRecord.since`` is on the same clock
     revoke_timeout: float  # how long a revoked owner may take to release before it is fenced
     fence_grace: float = 0.0  # beyond an owner's own drain timeout, when it says it
+    # When each incarnation's fences finished (``FenceBook.fences_done``); None: take a fence
+    # as done with its returns (the pure tests of the other rules)
+    fences_done: Mapping[Incarnation, tuple[float, ...]] | None = None
+
+    def returned(self, record: BucketRecord) -> bool:
+        """Whether what ``record``'s owner held has been taken back by the queues: it is
+        fenced, and a fence that finished after the bucket began to move (so it closed every
+        connection that could hold the bucket) did so ``RETURN_GRACE_SECONDS`` ago. A queue
+        led from a failed node takes back a dead connection's messages only once it has a
+        leader again (tests/e2e/test_cluster.py); a later fence of a newer connection, which
+        could not consume the bucket, does not restart the wait."""
+        return not self.needs_fence(record) and any(
+            done <= self.now - RETURN_GRACE_SECONDS for done in self._fenced_since(record)
+        )
+
+    def needs_fence(self, record: BucketRecord) -> bool:
+        """No fence covers the owner's newest connection, or none finished since the bucket
+        began to move (one that finished before covers connections, not this bucket's wait)."""
+        owner = (str(record.owner), str(record.incarnation))
+        return owner not in self.fenced or (
+            self.fences_done is not None and not self._fenced_since(record)
+        )
+
+    def _fenced_since(self, record: BucketRecord) -> list[float]:
+        if self.fences_done is None:
+            return [-math.inf]
+        owner = (str(record.owner), str(record.incarnation))
+        return [done for done in self.fences_done.get(owner, ()) if done >= record.since]
 
     def revoke_timeout_of(self, record: BucketRecord) -> float:
         """How long ``record``'s owner may take to release: its own drain timeout (from its
@@ -85,10 +114,7 @@ def step(view: View, plan: Mapping[int, str | None], settled: bool = True) -> De
         following = _next(bucket, record, target, view, decision)
         if following != record:
             decision.records[bucket] = following
-        if (
-            following.state is BucketState.FENCING
-            and (following.owner, following.incarnation) not in view.fenced
-        ):
+        if following.state is BucketState.FENCING and view.needs_fence(following):
             decision.fences.add((str(following.owner), str(following.incarnation)))
     return decision
 
@@ -124,7 +150,7 @@ def _next(
             return _moving(record, BucketState.FENCING, target, view.now)
         return replace(record, target=target)
     # BucketState.FENCING
-    if released or (record.owner, record.incarnation) in view.fenced:
+    if released or view.returned(record):
         return _grant(record, target, view)
     return replace(record, target=target)
 

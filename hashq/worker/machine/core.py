@@ -82,6 +82,7 @@ class WorkerMachine(WorkerLeases):
         self.assignment: Assignment | None = None
         self._assignment_zxid = -1
         self.link_up = False  # the AMQP connection of this incarnation is usable
+        self.link_up_since = 0.0  # when it came up
         self._link_lost_at: float | None = None  # when it stopped being usable
         self._connection = 0  # the runtime's number of the current connection
         self._dead_connection = 0  # the highest such number reported lost
@@ -173,6 +174,7 @@ class WorkerMachine(WorkerLeases):
         self.link_up = connection > self._dead_connection
         if self.link_up:
             self._link_lost_at = None
+            self.link_up_since = now
         else:
             self._link_lost(now)
             self._retry_at = now + RETRY_SECONDS

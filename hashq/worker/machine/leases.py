@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from hashq.records import RETURN_GRACE_SECONDS
 from hashq.worker.machine.events import (
     Action,
     ChannelLost,
@@ -41,6 +42,7 @@ class WorkerLeases:
     session: Session
     incarnation: str
     link_up: bool
+    link_up_since: float  # when the current connection came up
     connection_number: int
     leases: dict[int, Lease]
     counts: WorkerCounts
@@ -155,12 +157,20 @@ class WorkerLeases:
         connection died, the broker may not know yet: it still holds the channel, whose
         consumer the drain cancelled, so the next owner would be the active consumer at once
         and get later messages of a key whose earlier ones are still checked out here. A newer
-        connection of this incarnation proves the old one gone (it holds the liveness queue,
-        which the old one held until the broker dropped it); until then the release waits, and
-        the coordinator fences if it must."""
+        connection of this incarnation proves the old one gone from its node (it holds the
+        liveness queue, which the old one held until the broker dropped it); until then the
+        release waits, and the coordinator fences if it must. Even then a bucket queue led
+        from another node may take back what the old channel held only later, once it has a
+        leader again, so the release also waits ``RETURN_GRACE_SECONDS`` after the newer
+        connection came up (the cluster test found the reordering this prevents)."""
         if self.session is not Session.CONNECTED or now < lease.retry_at:
             return False
-        return not lease.unconfirmed or (self.link_up and self.connection_number > lease.connection)
+        if not lease.unconfirmed:
+            return True
+        if not (self.link_up and self.connection_number > lease.connection):
+            return False
+        lease.retry_at = self.link_up_since + RETURN_GRACE_SECONDS  # also the machine's timer
+        return now >= lease.retry_at
 
     # ------------------------------------------------------------ helpers
     def _past_stop(self, now: float) -> bool:

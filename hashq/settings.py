@@ -192,7 +192,12 @@ class WorkerSettings(ServiceSettings):
     capacity: int = Field(1, ge=1, le=1000, description="relative share of buckets to receive")
     concurrency: int = Field(32, ge=1, le=10_000, description="handlers running at once")
     prefetch: int = Field(32, ge=1, le=10_000, description="unacknowledged messages per bucket")
-    threads: int = Field(8, ge=1, le=1000, description="threads for plain (non-async) handlers")
+    threads: int = Field(
+        8,
+        ge=1,
+        le=1000,
+        description="threads for plain (non-async) handlers, run at most that many at once",
+    )
     drain_timeout: float = Field(
         30.0, gt=0, le=3600, description="seconds a revoked bucket's handlers may take to finish"
     )

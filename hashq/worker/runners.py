@@ -4,6 +4,12 @@ handler; what follows (acknowledge, retry, dead-letter) is ``hashq.worker.jobs.O
 No task per message: ``concurrency`` runners pull from one queue. A retry does not hold a runner
 while it waits; the job comes back to the queue when its delay is over, and its key's lane stays
 blocked meanwhile, so only that key waits.
+
+A plain (non-async) handler runs in a pool of ``threads`` threads, and then there are never more
+runners than threads: a ``ThreadPoolExecutor`` queues what it is given while its threads are busy
+and runs it when one frees, whatever became of its bucket meanwhile, so a job queued there would
+start after its lease was cut off or after a pause that outlived the session (a stale start). A
+runner decides to start a job only when its thread is free.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ class Runners:
         self._may_start = asyncio.Event()
         self._may_start.set()
         self._closing = False
-        self._concurrency = concurrency
+        self._concurrency = concurrency if self._is_async else min(concurrency, threads)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -136,11 +142,13 @@ class Runners:
             await result
             return
         message.cancel_event  # noqa: B018 - made here, in the loop's thread, before the thread starts
-        thread = asyncio.wrap_future(self._pool.submit(self._handler, message))
+        submitted = self._pool.submit(self._handler, message)
+        thread = asyncio.wrap_future(submitted)
         try:
             await asyncio.shield(thread)
         except asyncio.CancelledError:
-            await self._until_done(thread)
+            if not submitted.cancel():  # it began: wait for it (cancelled: it never will)
+                await self._until_done(thread)
             raise
 
     async def _until_done(self, thread: asyncio.Future[Any]) -> None:

@@ -1,5 +1,6 @@
 """The runners, without a broker: a plain-function handler runs in a thread that cannot be
-stopped, and its job must count as running until the thread returns."""
+stopped, and its job must count as running until the thread returns; and a job waiting for a
+thread has not started, so nothing starts it after its lease closed or while runners pause."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import asyncio
 import threading
 
 import pytest
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
+from pamqp.header import ContentHeader
 
 from hashq.message import Message
 from hashq.settings import Settings
 from hashq.topology import Topology
 from hashq.worker.dead_letter import DeadLetters
+from hashq.worker.jobs import Job
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
 from hashq.worker.runners import Runners
@@ -27,15 +32,7 @@ async def test_a_thread_handler_cut_off_twice_is_waited_for_until_it_returns() -
     def handler(message: Message) -> None:
         release.wait(10)
 
-    runners = Runners(
-        handler,
-        concurrency=1,
-        threads=1,
-        policy=RetryPolicy(),
-        dead_letters=DeadLetters(Topology.from_settings(Settings()), "w1"),  # never used here
-        codec="raw",
-        metrics=WorkerMetrics(["running"]),
-    )
+    runners = _runners(handler, concurrency=1, threads=1)
     message = Message("k", b"", {}, "m", bucket=0, epoch=1, redelivered=False, attempt=1)
     call = asyncio.ensure_future(runners._call(message))
     await asyncio.sleep(0.1)
@@ -46,4 +43,103 @@ async def test_a_thread_handler_cut_off_twice_is_waited_for_until_it_returns() -
     release.set()
     with pytest.raises(asyncio.CancelledError):
         await call
+    await runners.close()
+
+
+class _Lease:
+    """As much of a bucket lease as the runners use: it may start jobs until it closes."""
+
+    bucket, epoch, log_fields = 0, 1, {"bucket": 0}
+
+    def __init__(self) -> None:
+        self.open = True
+        self.running: list[Job] = []
+
+    def may_start(self, job: Job) -> bool:
+        return self.open
+
+    def started(self, job: Job) -> None:
+        self.running.append(job)
+
+    def finished(self, job: Job) -> None:
+        self.running.remove(job)
+
+    dropped = finished
+
+    def ack(self, job: Job) -> bool:
+        return True
+
+    def close(self) -> None:
+        """``BucketLease.close``: start nothing more, cut off every job it started."""
+        self.open = False
+        for job in list(self.running):
+            job.cut_off()
+
+
+def _runners(handler: object, *, concurrency: int, threads: int) -> Runners:
+    return Runners(
+        handler,  # type: ignore[arg-type]
+        concurrency=concurrency,
+        threads=threads,
+        policy=RetryPolicy(),
+        dead_letters=DeadLetters(Topology.from_settings(Settings()), "w1"),  # never used here
+        codec="raw",
+        metrics=WorkerMetrics(["running"]),
+    )
+
+
+def _job(lease: _Lease, tag: int) -> Job:
+    frame = spec.Basic.Deliver(delivery_tag=tag)
+    header = ContentHeader(properties=spec.Basic.Properties(message_id=f"m{tag}"))
+    delivery = DeliveredMessage(frame, header, b"", None)  # type: ignore[arg-type]
+    return Job(lease, delivery, f"k{tag}")
+
+
+class _Blocking:
+    """A plain handler whose first call blocks until ``release``; it notes every message."""
+
+    def __init__(self) -> None:
+        self.began: list[str | None] = []
+        self.release = threading.Event()
+
+    def __call__(self, message: Message) -> None:
+        self.began.append(message.message_id)
+        if len(self.began) == 1:
+            self.release.wait(10)
+
+
+async def test_a_job_waiting_for_a_thread_never_starts_after_its_lease_closed() -> None:
+    """More runners than threads: jobs handed to a busy pool waited in its queue, counted as
+    started; cut off, their runners waited for them, and the pool ran them once a thread freed,
+    after the fence (the stale starts of the 30-minute chaos run, seed 23)."""
+    handler, lease = _Blocking(), _Lease()
+    runners = _runners(handler, concurrency=4, threads=1)
+    runners.start()
+    for tag in (1, 2, 3):
+        runners.dispatch(_job(lease, tag))
+    await asyncio.sleep(0.2)
+    assert handler.began == ["m1"]
+    lease.close()  # fenced while the first handler runs on in its thread
+    handler.release.set()
+    await asyncio.sleep(0.3)
+    assert handler.began == ["m1"], "a job of a closed lease started once a thread freed"
+    await runners.close()
+
+
+async def test_paused_runners_start_no_job_that_waited_for_a_thread() -> None:
+    """A pause seen (the process was stopped, its session may be gone): nothing starts until
+    ZooKeeper confirms the session; a job queued in the thread pool began regardless."""
+    handler, lease = _Blocking(), _Lease()
+    runners = _runners(handler, concurrency=4, threads=1)
+    runners.start()
+    for tag in (1, 2):
+        runners.dispatch(_job(lease, tag))
+    await asyncio.sleep(0.2)
+    runners.pause()
+    handler.release.set()
+    await asyncio.sleep(0.3)
+    assert handler.began == ["m1"], "a job started while the runners were paused"
+    runners.resume()
+    await asyncio.sleep(0.3)
+    assert handler.began == ["m1", "m2"]
     await runners.close()

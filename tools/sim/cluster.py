@@ -98,7 +98,9 @@ class Scenario:
             for c in self.worker_configs
         )
         coordinator = replace(self.coordinator_config, management_lag=lag)
-        return_lag = rng.choice((0.0, 0.0, 1.0, RETURN_LAG_SECONDS))  # drawn last of all
+        return_lag = rng.choice((0.0, 0.0, 1.0, RETURN_LAG_SECONDS))
+        # Fewer threads than runners for plain handlers; drawn last of all.
+        configs = tuple(replace(c, threads=rng.choice((0, 0, 1, 2))) for c in configs)
         return replace(
             self, worker_configs=configs, coordinator_config=coordinator, return_lag=return_lag
         )

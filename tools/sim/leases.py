@@ -3,8 +3,12 @@
 time, against the broker model.
 
 Handlers take a duration drawn from the seed; a "thread" handler cannot be stopped (it runs on
-after its lease is cut off), an async one stops when told. Acknowledgements go out in batches
-through the production ``AckWindow``.
+after its lease is cut off), an async one stops when told. Thread handlers share a pool of
+``threads`` threads (0: one per runner) which, like ``ThreadPoolExecutor``, queues what it is
+given while every thread is busy and runs it when one frees, whatever became of its lease
+meanwhile; so a runner gives the pool a job only when a thread is free (``Runners``: no more
+runners than threads for a plain handler). Acknowledgements go out in batches through the
+production ``AckWindow``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class LeaseRunner:
         prefetch: int,
         concurrency: int,
         handler_time: Callable[[], tuple[float, bool]],
+        threads: int = 0,
     ) -> None:
         self._process = process
         self._worker_id, self._world = process.name, process.world  # its name is the worker's id
@@ -77,6 +82,8 @@ class LeaseRunner:
         self._channels = itertools.count(1)
         self._ready: deque[Job] = deque()
         self._running = 0
+        self._threads, self._threads_busy = threads, 0
+        self._pool_queue: deque[Job] = deque()  # given to a pool whose threads were all busy
         self.paused = False  # the runners start nothing (``PauseRunners``, a pause seen)
 
     def resume(self) -> None:
@@ -147,24 +154,46 @@ class LeaseRunner:
 
     # ------------------------------------------------------------ running jobs
     def _pump(self) -> None:
+        held: list[Job] = []  # plain handlers waiting for a free thread, not yet started
         while self._ready and not self.paused and self._running < self._concurrency:
             job = self._ready.popleft()
-            if job.lease.core.may_start() and self.leases.get(job.lease.number) is job.lease:
+            if job.thread and not self._thread_free():
+                held.append(job)
+            elif job.lease.core.may_start() and self.leases.get(job.lease.number) is job.lease:
                 self._execute(job)
+        self._ready.extendleft(reversed(held))
+
+    def _thread_free(self) -> bool:
+        return self._threads == 0 or self._threads_busy < self._threads
 
     def _execute(self, job: Job) -> None:
-        lease = job.lease
-        lease.core.started(job)
+        job.lease.core.started(job)
         self._running += 1
+        if job.thread and not self._thread_free():
+            self._pool_queue.append(job)  # it begins when a thread frees, cut off or not
+            return
+        self._begin(job)
+
+    def _begin(self, job: Job) -> None:
+        lease = job.lease
+        if job.thread:
+            self._threads_busy += 1
         job.execution = self._invariants.start(
             self._worker_id, job.msg.key, job.msg.seq, lease.bucket, lease.epoch, self._world.now
         )
         self._process.later(job.duration, lambda: self._returned(job))
 
+    def _thread_returned(self) -> None:
+        self._threads_busy -= 1
+        if self._pool_queue:
+            self._begin(self._pool_queue.popleft())
+
     def _returned(self, job: Job) -> None:
         """The handler returned (a thread told to stop returns only now)."""
         if job.cut and not job.thread:
             return  # stopped when it was cut off
+        if job.thread:
+            self._thread_returned()
         self._running -= 1
         lease = job.lease
         usable = lease.core.may_start() and not lease.closed and lease.connection.client_open

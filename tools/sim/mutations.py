@@ -236,6 +236,13 @@ MUTATIONS = (
         "done <= self.now",
     ),
     Mutation(
+        "thread-pool-queues",
+        "a plain handler's job given to a pool with no free thread (it starts when one frees)",
+        "tools/sim/leases.py",
+        "if job.thread and not self._thread_free():\n                held.append(job)",
+        "if False:\n                held.append(job)",
+    ),
+    Mutation(
         "withdraw-no-timer",
         "a withdrawn worker sets no timer",
         WORKER,

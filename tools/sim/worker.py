@@ -49,6 +49,7 @@ class WorkerConfig:
     concurrency: int = 4
     capacity: int = 1
     withdraw_after: float = 0.0  # 0: the worker's session timeout (the first rule)
+    threads: int = 0  # the pool of plain handlers' threads (0: one per runner)
 
 
 class SimWorker(Process):
@@ -75,7 +76,14 @@ class SimWorker(Process):
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self.connection: Connection | None = None
         self.runner = LeaseRunner(
-            self, self.post, broker, invariants, config.prefetch, config.concurrency, handler_time
+            self,
+            self.post,
+            broker,
+            invariants,
+            config.prefetch,
+            config.concurrency,
+            handler_time,
+            config.threads,
         )
         self._connection_numbers = itertools.count(1)
         self._timer_at: float | None = None

@@ -9,7 +9,12 @@ A plain (non-async) handler runs in a pool of ``threads`` threads, and then ther
 runners than threads: a ``ThreadPoolExecutor`` queues what it is given while its threads are busy
 and runs it when one frees, whatever became of its bucket meanwhile, so a job queued there would
 start after its lease was cut off or after a pause that outlived the session (a stale start). A
-runner decides to start a job only when its thread is free.
+runner decides to start a job only when its thread is free. Even a free thread runs its job only
+once the loop lets go of the interpreter, and a pause (SIGSTOP) may fall in between; so the
+thread checks again before it calls the handler (``_in_thread``), and a job it refuses goes back.
+An async handler needs no second check: nothing yields to the loop between a runner's check and
+the handler's first line. No check closes the last microseconds before a handler's first line:
+a pause there is what the epoch, the fencing token, is for.
 """
 
 from __future__ import annotations
@@ -117,9 +122,9 @@ class Runners:
             return
         lease.started(job)
         job.running(me, message)  # a closing lease may cut it off now
-        began = time.perf_counter()
+        since = time.perf_counter()
         try:
-            await self._call(message)
+            began = await self._call(job, message)
         except asyncio.CancelledError:
             if not job.was_cut_off:
                 raise
@@ -128,28 +133,49 @@ class Runners:
             return
         except Exception as exc:
             job.returned()
-            self._metrics.handler_seconds.observe(time.perf_counter() - began)
+            self._metrics.handler_seconds.observe(time.perf_counter() - since)
             await self._outcomes.failed(job, exc)
             return
         job.returned()
-        self._metrics.handler_seconds.observe(time.perf_counter() - began)
+        if not began:
+            self._not_begun(job)
+            return
+        self._metrics.handler_seconds.observe(time.perf_counter() - since)
         self._outcomes.settle(job)
 
-    async def _call(self, message: Message) -> None:
+    async def _call(self, job: Job, message: Message) -> bool:
+        """Call the handler; False if its thread would not begin it (``_in_thread``)."""
         if self._is_async:
             result = self._handler(message)
             assert inspect.isawaitable(result)
             await result
-            return
+            return True
         message.cancel_event  # noqa: B018 - made here, in the loop's thread, before the thread starts
-        submitted = self._pool.submit(self._handler, message)
+        submitted = self._pool.submit(self._in_thread, job, message)
         thread = asyncio.wrap_future(submitted)
         try:
-            await asyncio.shield(thread)
+            began: bool = await asyncio.shield(thread)
         except asyncio.CancelledError:
             if not submitted.cancel():  # it began: wait for it (cancelled: it never will)
                 await self._until_done(thread)
             raise
+        return began
+
+    def _in_thread(self, job: Job, message: Message) -> bool:
+        """In the handler's thread: call the handler only if the process was not paused since
+        the watchdog's last tick, the runners are not paused and the lease still consumes.
+        Checked in that order, the reverse of the watchdog's (it pauses, then ticks)."""
+        if not (self._awake() and self._may_start.is_set() and job.lease.may_start(job)):
+            return False
+        self._handler(message)
+        return True
+
+    def _not_begun(self, job: Job) -> None:
+        """Its thread refused it: it goes back to the ready queue, where a runner sees the pause
+        too (``_run``), unless its lease closed (then its message went back to the queue)."""
+        job.lease.dropped(job)
+        if job.lease.may_start(job):
+            self._ready.put_nowait(job)
 
     async def _until_done(self, thread: asyncio.Future[Any]) -> None:
         """Wait for a handler thread told to stop (through ``message.cancel_event``): a thread

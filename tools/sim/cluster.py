@@ -101,6 +101,10 @@ class Scenario:
         return_lag = rng.choice((0.0, 0.0, 1.0, RETURN_LAG_SECONDS))
         # Fewer threads than runners for plain handlers; drawn last of all.
         configs = tuple(replace(c, threads=rng.choice((0, 0, 1, 2))) for c in configs)
+        # How late a free thread runs its job (the interpreter's switch interval is 5 ms);
+        # drawn after everything else.
+        handoff = rng.choice((0.0, 0.0, 0.001, 0.005, 0.01))
+        configs = tuple(replace(c, thread_handoff=handoff) for c in configs)
         return replace(
             self, worker_configs=configs, coordinator_config=coordinator, return_lag=return_lag
         )

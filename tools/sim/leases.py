@@ -7,7 +7,10 @@ after its lease is cut off), an async one stops when told. Thread handlers share
 ``threads`` threads (0: one per runner) which, like ``ThreadPoolExecutor``, queues what it is
 given while every thread is busy and runs it when one frees, whatever became of its lease
 meanwhile; so a runner gives the pool a job only when a thread is free (``Runners``: no more
-runners than threads for a plain handler). Acknowledgements go out in batches through the
+runners than threads for a plain handler). A free thread takes its job ``thread_handoff`` seconds
+later (it waits for the loop to let go of the interpreter), so a pause may fall in between; the
+thread then begins the handler only if its runners are not paused and its lease still consumes
+(``Runners._in_thread``), else the job goes back. Acknowledgements go out in batches through the
 production ``AckWindow``.
 """
 
@@ -71,6 +74,7 @@ class LeaseRunner:
         concurrency: int,
         handler_time: Callable[[], tuple[float, bool]],
         threads: int = 0,
+        thread_handoff: float = 0.0,
     ) -> None:
         self._process = process
         self._worker_id, self._world = process.name, process.world  # its name is the worker's id
@@ -84,6 +88,7 @@ class LeaseRunner:
         self._running = 0
         self._threads, self._threads_busy = threads, 0
         self._pool_queue: deque[Job] = deque()  # given to a pool whose threads were all busy
+        self._handoff = thread_handoff
         self.paused = False  # the runners start nothing (``PauseRunners``, a pause seen)
 
     def resume(self) -> None:
@@ -169,15 +174,40 @@ class LeaseRunner:
     def _execute(self, job: Job) -> None:
         job.lease.core.started(job)
         self._running += 1
-        if job.thread and not self._thread_free():
-            self._pool_queue.append(job)  # it begins when a thread frees, cut off or not
+        if not job.thread:
+            self._begin(job)
+        elif self._thread_free():
+            self._take_thread(job)
+        else:
+            self._pool_queue.append(job)  # a thread takes it when one frees, cut off or not
+
+    def _take_thread(self, job: Job) -> None:
+        self._threads_busy += 1
+        if self._handoff:
+            self._process.later(self._handoff, lambda: self._in_thread(job))
+        else:
+            self._in_thread(job)
+
+    def _in_thread(self, job: Job) -> None:
+        """The thread runs: it begins the handler only if the runners are not paused (a pause
+        seen, as ``Runners`` sees one by its watchdog's tick) and the lease still consumes."""
+        if self.paused or not job.lease.core.may_start():
+            self._not_begun(job)
             return
         self._begin(job)
 
+    def _not_begun(self, job: Job) -> None:
+        self._running -= 1
+        lease = job.lease
+        lease.core.dropped(job)
+        if lease.core.may_start():
+            self._ready.append(job)  # paused: it begins once the session is confirmed
+        self._thread_returned()
+        self._after_job(lease)
+        self._pump()
+
     def _begin(self, job: Job) -> None:
         lease = job.lease
-        if job.thread:
-            self._threads_busy += 1
         job.execution = self._invariants.start(
             self._worker_id, job.msg.key, job.msg.seq, lease.bucket, lease.epoch, self._world.now
         )
@@ -186,7 +216,7 @@ class LeaseRunner:
     def _thread_returned(self) -> None:
         self._threads_busy -= 1
         if self._pool_queue:
-            self._begin(self._pool_queue.popleft())
+            self._take_thread(self._pool_queue.popleft())
 
     def _returned(self, job: Job) -> None:
         """The handler returned (a thread told to stop returns only now)."""

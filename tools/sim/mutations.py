@@ -49,6 +49,7 @@ class Mutation:
     path: str  # relative to the source root
     old: str  # must occur exactly once in ``path``
     new: str
+    also: tuple[tuple[str, str], ...] = ()  # further (old, new) in ``path``, when a rule has two
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,15 @@ MUTATIONS = (
         "tools/sim/leases.py",
         "if job.thread and not self._thread_free():\n                held.append(job)",
         "if False:\n                held.append(job)",
+        # A thread that checks before it begins would refuse them: take that check out too.
+        (("if self.paused or not job.lease.core.may_start():", "if False:"),),
+    ),
+    Mutation(
+        "thread-begins-unchecked",
+        "a handler thread begins its job without checking for a pause or a closed lease",
+        "tools/sim/leases.py",
+        "if self.paused or not job.lease.core.may_start():",
+        "if False:",
     ),
     Mutation(
         "withdraw-no-timer",
@@ -265,10 +275,12 @@ def apply(mutation: Mutation, tree: Path) -> None:
     """Make the mutation in ``tree``; ValueError unless its old text occurs exactly once."""
     path = tree / mutation.path
     text = path.read_text()
-    found = text.count(mutation.old)
-    if found != 1:
-        raise ValueError(f"its old text occurs {found} times in {mutation.path}")
-    path.write_text(text.replace(mutation.old, mutation.new))
+    for old, new in ((mutation.old, mutation.new), *mutation.also):
+        found = text.count(old)
+        if found != 1:
+            raise ValueError(f"its old text occurs {found} times in {mutation.path}")
+        text = text.replace(old, new)
+    path.write_text(text)
 
 
 def simulate(tree: Path, budget: Budget) -> tuple[list[int], str]:

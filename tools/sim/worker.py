@@ -50,6 +50,7 @@ class WorkerConfig:
     capacity: int = 1
     withdraw_after: float = 0.0  # 0: the worker's session timeout (the first rule)
     threads: int = 0  # the pool of plain handlers' threads (0: one per runner)
+    thread_handoff: float = 0.0  # from a runner giving a thread its job to the thread running
 
 
 class SimWorker(Process):
@@ -84,6 +85,7 @@ class SimWorker(Process):
             config.concurrency,
             handler_time,
             config.threads,
+            config.thread_handoff,
         )
         self._connection_numbers = itertools.count(1)
         self._timer_at: float | None = None

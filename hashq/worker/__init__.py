@@ -8,5 +8,6 @@
 - ``bucket_lease``: one granted bucket's channel (``BucketLease``); ``jobs``: one delivery's life,
   from delivery to acknowledgement, retry or dead letter; ``runners``: the pool that runs
   handlers; ``acks``, ``retry``, ``dead_letter``: what ``jobs`` settles with;
+- ``starvation``: buckets consumed that their queue does not feed, told in readiness;
 - ``metrics``, ``cli``.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import aiormq
@@ -67,6 +68,7 @@ class BucketLease:
         # our close, on a connection still alive. If the connection died instead, the broker
         # may hold the channel (and what it delivered) until it notices.
         self.close_confirmed = True
+        self.delivered_at = time.monotonic()  # the last delivery (``hashq.worker.starvation``)
 
     @property
     def state(self) -> LeaseState:
@@ -85,6 +87,7 @@ class BucketLease:
         self._acker = Acker(self._channel, self._ack_batch, self.bucket)
         result = await self._channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
         self._consumer_tag = result.consumer_tag
+        self.delivered_at = time.monotonic()  # consuming since: no delivery is owed before
 
     def _note_close(self, closed: asyncio.Future[object]) -> None:
         if not closed.cancelled() and closed.exception() is not None:
@@ -99,6 +102,7 @@ class BucketLease:
         return is_consumer_timeout(self.close_reason)
 
     async def _on_delivery(self, delivery: DeliveredMessage) -> None:
+        self.delivered_at = time.monotonic()
         # Callbacks may run out of order; the core restores the queue's order by delivery tag.
         frame = deliver_frame(delivery)
         ready = self._core.deliver(
@@ -240,3 +244,16 @@ class BucketLease:
             and self._consumer_tag is not None
             and self._consumer_tag not in consumers
         )
+
+    @property
+    def holds_nothing(self) -> bool:
+        """Consuming, with nothing delivered left unacknowledged: the broker owes it deliveries
+        whenever its queue has messages ready."""
+        return self.state is LeaseState.CONSUMING and self._core.idle and self.channel_alive
+
+    async def queue_counts(self) -> tuple[int, int]:
+        """The bucket queue's messages ready and consumers, by a passive declare on this
+        lease's channel."""
+        assert self._channel is not None
+        declared = await self._channel.queue_declare(self.queue, passive=True)
+        return declared.message_count or 0, declared.consumer_count or 0

@@ -71,6 +71,7 @@ class WorkerMetrics(Collector):
         running: Callable[[], int],
         waiting: Callable[[], int],
         zk_connected: Callable[[], bool],
+        starved: Callable[[], int] = lambda: 0,
     ) -> None:
         """The gauges, as functions of the worker's state called at scrape time."""
         self.gauges = {
@@ -83,6 +84,11 @@ class WorkerMetrics(Collector):
             "hashq_zookeeper_connected": (
                 "1 while the ZooKeeper session is connected",
                 lambda: 1 if zk_connected() else 0,
+            ),
+            "hashq_buckets_starved": (
+                "Buckets consumed, holding nothing, that get no delivery from a queue with "
+                "messages ready (hashq.worker.starvation)",
+                starved,
             ),
         }
 

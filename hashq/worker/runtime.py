@@ -36,6 +36,7 @@ from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import OnFailure, RetryPolicy
 from hashq.worker.runners import Runners
 from hashq.worker.session import Membership
+from hashq.worker.starvation import StarvationWatch
 
 __all__ = ["Worker", "WorkerState", "default_worker_id"]
 
@@ -70,12 +71,14 @@ class Worker:
         self._pause_limit = max(0.5, settings.zk_session_timeout / 4)
         self._reminded = 0.0
         self._fatal: BaseException | None = None  # why the worker cannot go on, if so
+        self._starvation = StarvationWatch()
         self.metrics = WorkerMetrics([state.value for state in WorkerState])
         self.metrics.watch(  # read when scraped, so the hot path does not keep them
             grants=lambda: len(self.machine.consuming()),
             running=lambda: sum(lease.running for lease in self._leases.values()),
             waiting=lambda: sum(lease.waiting for lease in self._leases.values()),
             zk_connected=lambda: self.machine.zk_link,
+            starved=lambda: len(self._starvation.starved),
         )
         self._runners = self._make_runners()  # after the metrics, which they count into
 
@@ -90,6 +93,9 @@ class Worker:
         missing = sorted(set(self.machine.grants()) - set(self.machine.consuming()))
         if missing:
             return False, f"worker {self.worker_id}: granted buckets {missing} not consumed yet"
+        if self._starvation.starved:
+            starved = sorted(self._starvation.starved)
+            return False, f"worker {self.worker_id}: buckets {starved} get nothing from full queues"
         return True, f"worker {self.worker_id} consumes {len(self.machine.consuming())} buckets"
 
     def post(self, event: ev.Event) -> None:
@@ -103,7 +109,9 @@ class Worker:
     async def _run(self, stop: asyncio.Event) -> None:
         await ensure_topology(self.settings, check_bindings=False)
         self._runners.start()
-        watchdog = asyncio.ensure_future(self._watch_for_pauses())
+        watchdog = asyncio.gather(
+            self._watch_for_pauses(), self._starvation.run(self._leases.values)
+        )
         stopping = asyncio.ensure_future(self._post_stop(stop))
         try:
             await self._membership.start()

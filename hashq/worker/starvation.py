@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 STARVED_AFTER = 10.0  # seconds without a delivery, holding nothing, before the queue is asked
 CHECK_EVERY = 1.0
+# After an answer with messages ready, this long with no delivery before it is told: a message
+# published as the queue was asked may be on its way.
+TOLD_AFTER = 2.0
 
 
 class StarvationWatch:
@@ -33,8 +36,8 @@ class StarvationWatch:
 
     def __init__(self) -> None:
         self.starved: dict[int, str] = {}
-        # Each lease's last answer: when its queue was asked, and how many messages it had ready.
-        self._answers: dict[BucketLease, tuple[float, int]] = {}
+        # Each lease's last answer: when its queue was asked, its messages ready, its consumers.
+        self._answers: dict[BucketLease, tuple[float, int, int]] = {}
 
     async def run(self, leases: Callable[[], Iterable[BucketLease]]) -> None:
         while True:
@@ -43,36 +46,36 @@ class StarvationWatch:
 
     async def check(self, leases: list[BucketLease], now: float) -> None:
         """Starved: holding nothing, its queue had messages ready when last asked, and nothing
-        was delivered since. A lease is asked after ``STARVED_AFTER`` quiet seconds, and again
-        after as many more."""
+        was delivered since (for ``TOLD_AFTER`` seconds, the first time). A lease is asked after
+        ``STARVED_AFTER`` quiet seconds, and again after as many more."""
         self._answers = {lease: self._answers[lease] for lease in leases if lease in self._answers}
         starving: set[int] = set()
         for lease in leases:
             if not lease.holds_nothing:
                 continue
-            asked_at, ready = self._answers.get(lease, (0.0, 0))
+            asked_at, ready, consumers = self._answers.get(lease, (0.0, 0, 0))
             if now - max(lease.delivered_at, asked_at) >= STARVED_AFTER:
-                asked_at, ready = now, await self._ask(lease)
-                self._answers[lease] = (asked_at, ready)
-            if ready and lease.delivered_at < asked_at:
+                asked_at, (ready, consumers) = now, await self._ask(lease)
+                self._answers[lease] = (asked_at, ready, consumers)
+            told = lease.bucket in self.starved
+            if ready and lease.delivered_at < asked_at and (told or now - asked_at >= TOLD_AFTER):
                 starving.add(lease.bucket)
+                if not told:
+                    self._report(lease, now - lease.delivered_at, ready, consumers)
         for bucket in sorted(set(self.starved) - starving):
             log.info("bucket %d: delivered to again, or its queue is empty", bucket)
             del self.starved[bucket]
 
-    async def _ask(self, lease: BucketLease) -> int:
-        """The queue's messages ready, reported if any; 0 if the channel went (its close is
-        reported on its own)."""
+    async def _ask(self, lease: BucketLease) -> tuple[int, int]:
+        """The queue's messages ready and active consumers; none if the channel went (its close
+        is reported on its own)."""
         try:
-            ready, consumers = await lease.queue_counts()
+            return await lease.queue_counts()
         except Exception as exc:
             log.debug("bucket %d: passive declare: %r", lease.bucket, exc)
-            return 0
-        if ready and lease.bucket not in self.starved:
-            self._report(lease, ready, consumers)
-        return ready
+            return 0, 0
 
-    def _report(self, lease: BucketLease, ready: int, consumers: int) -> None:
+    def _report(self, lease: BucketLease, quiet: float, ready: int, consumers: int) -> None:
         # A single-active-consumer queue counts its active consumer only: ours, or another
         # (a previous owner not fenced yet); the count cannot tell which.
         text = f"{ready} messages ready, {consumers} active consumer(s)"
@@ -82,7 +85,7 @@ class StarvationWatch:
             "broker feeds another consumer or none; readiness stays false until it feeds this one",
             lease.bucket,
             lease.epoch,
-            time.monotonic() - lease.delivered_at,
+            quiet,
             text,
             extra=lease.log_fields,
         )

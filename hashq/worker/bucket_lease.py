@@ -247,13 +247,12 @@ class BucketLease:
 
     @property
     def holds_nothing(self) -> bool:
-        """Consuming, with nothing delivered left unacknowledged: the broker owes it deliveries
-        whenever its queue has messages ready."""
-        return self.state is LeaseState.CONSUMING and self._core.idle and self.channel_alive
-
-    async def queue_counts(self) -> tuple[int, int]:
-        """The bucket queue's messages ready and consumers, by a passive declare on this
-        lease's channel."""
-        assert self._channel is not None
-        declared = await self._channel.queue_declare(self.queue, passive=True)
-        return declared.message_count or 0, declared.consumer_count or 0
+        """Consuming (its consumer confirmed, not cancelled by the broker), with nothing
+        delivered left unacknowledged: the broker owes it what its queue has ready."""
+        return (
+            self.state is LeaseState.CONSUMING
+            and self._core.idle
+            and self.channel_alive
+            and self._consumer_tag is not None
+            and not self.consumer_cancelled
+        )

@@ -109,9 +109,8 @@ class Worker:
     async def _run(self, stop: asyncio.Event) -> None:
         await ensure_topology(self.settings, check_bindings=False)
         self._runners.start()
-        watchdog = asyncio.gather(
-            self._watch_for_pauses(), self._starvation.run(self._leases.values)
-        )
+        starvation = self._starvation.run(self._leases.values, lambda: self._connection)
+        watchers = [asyncio.ensure_future(w) for w in (self._watch_for_pauses(), starvation)]
         stopping = asyncio.ensure_future(self._post_stop(stop))
         try:
             await self._membership.start()
@@ -119,8 +118,8 @@ class Worker:
             while self.state is not WorkerState.STOPPED:
                 await self._handle(await self._next_event())
         finally:
-            watchdog.cancel()
-            stopping.cancel()
+            for watcher in (*watchers, stopping):
+                watcher.cancel()
             await self._close_all()
         if self._fatal is not None:
             raise self._fatal

@@ -10,7 +10,8 @@ known, so the worker does not act on it: it says so, once, in an error line, in
 ``hashq_buckets_starved`` and in its readiness, and says when it ends. A queue that does not
 deliver to its only consumer is the broker's to explain; the line gives its counts.
 
-Each quiet lease costs one passive declare per ``STARVED_AFTER`` seconds.
+Each quiet lease costs one passive declare per ``STARVED_AFTER`` seconds, on a channel of the
+watch's own (``QueueCounts``), so that an error there (a 404, a timeout) closes no bucket's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from hashq.worker.bucket_lease import BucketLease
 
@@ -29,6 +32,44 @@ CHECK_EVERY = 1.0
 # After an answer with messages ready, this long with no delivery before it is told: a message
 # published as the queue was asked may be on its way.
 TOLD_AFTER = 2.0
+ASK_WITHIN = 5.0  # seconds a passive declare may take
+
+Ask = Callable[[str], Awaitable[tuple[int, int]]]  # a queue -> (messages ready, consumers)
+
+
+class QueueCounts:
+    """Passive declares on a channel of their own (one the watch may lose without touching a
+    bucket's), opened again on the worker's current connection when needed."""
+
+    def __init__(self, connection: Callable[[], AbstractConnection | None]) -> None:
+        self._connection = connection
+        self._channel: AbstractChannel | None = None
+        self._opened_on: AbstractConnection | None = None
+
+    async def __call__(self, queue: str) -> tuple[int, int]:
+        """Its messages ready and active consumers; (0, 0) if it cannot be asked now."""
+        try:
+            channel = await self._open()
+            if channel is None:
+                return 0, 0
+            declared = await asyncio.wait_for(
+                channel.declare_queue(queue, passive=True), ASK_WITHIN
+            )
+        except Exception as exc:  # a 404, a timeout, a closed channel: the next ask opens anew
+            log.debug("passive declare of %s: %r", queue, exc)
+            self._channel = None
+            return 0, 0
+        result = declared.declaration_result
+        return result.message_count or 0, result.consumer_count or 0
+
+    async def _open(self) -> AbstractChannel | None:
+        connection = self._connection()
+        if connection is None or connection.is_closed:
+            return None
+        if self._channel is None or self._channel.is_closed or self._opened_on is not connection:
+            self._channel = await asyncio.wait_for(connection.channel(), ASK_WITHIN)
+            self._opened_on = connection
+        return self._channel
 
 
 class StarvationWatch:
@@ -38,13 +79,26 @@ class StarvationWatch:
         self.starved: dict[int, str] = {}
         # Each lease's last answer: when its queue was asked, its messages ready, its consumers.
         self._answers: dict[BucketLease, tuple[float, int, int]] = {}
+        self._failing = False
 
-    async def run(self, leases: Callable[[], Iterable[BucketLease]]) -> None:
+    async def run(
+        self,
+        leases: Callable[[], Iterable[BucketLease]],
+        connection: Callable[[], AbstractConnection | None],
+    ) -> None:
+        ask = QueueCounts(connection)
         while True:
             await asyncio.sleep(CHECK_EVERY)
-            await self.check(list(leases()), time.monotonic())
+            try:
+                await self.check(list(leases()), time.monotonic(), ask)
+            except Exception as exc:  # a bug: said once, and the watch goes on
+                if not self._failing:
+                    log.error("the starvation watch failed: %r", exc, exc_info=exc)
+                self._failing = True
+            else:
+                self._failing = False
 
-    async def check(self, leases: list[BucketLease], now: float) -> None:
+    async def check(self, leases: list[BucketLease], now: float, ask: Ask) -> None:
         """Starved: holding nothing, its queue had messages ready when last asked, and nothing
         was delivered since (for ``TOLD_AFTER`` seconds, the first time). A lease is asked after
         ``STARVED_AFTER`` quiet seconds, and again after as many more."""
@@ -55,7 +109,9 @@ class StarvationWatch:
                 continue
             asked_at, ready, consumers = self._answers.get(lease, (0.0, 0, 0))
             if now - max(lease.delivered_at, asked_at) >= STARVED_AFTER:
-                asked_at, (ready, consumers) = now, await self._ask(lease)
+                began = time.monotonic()
+                ready, consumers = await ask(lease.queue)
+                asked_at = now + time.monotonic() - began  # when it answered
                 self._answers[lease] = (asked_at, ready, consumers)
             told = lease.bucket in self.starved
             if ready and lease.delivered_at < asked_at and (told or now - asked_at >= TOLD_AFTER):
@@ -65,15 +121,6 @@ class StarvationWatch:
         for bucket in sorted(set(self.starved) - starving):
             log.info("bucket %d: delivered to again, or its queue is empty", bucket)
             del self.starved[bucket]
-
-    async def _ask(self, lease: BucketLease) -> tuple[int, int]:
-        """The queue's messages ready and active consumers; none if the channel went (its close
-        is reported on its own)."""
-        try:
-            return await lease.queue_counts()
-        except Exception as exc:
-            log.debug("bucket %d: passive declare: %r", lease.bucket, exc)
-            return 0, 0
 
     def _report(self, lease: BucketLease, quiet: float, ready: int, consumers: int) -> None:
         # A single-active-consumer queue counts its active consumer only: ours, or another

@@ -181,3 +181,27 @@ async def test_a_thread_that_runs_only_after_a_pause_does_not_begin_its_job() ->
     await asyncio.sleep(0.3)
     assert handler.began == ["m1"]
     await runners.close()
+
+
+async def test_a_thread_sees_runners_paused_by_a_watchdog_that_ticked_again() -> None:
+    """The watchdog pauses the runners, then ticks: a thread that looks after the tick finds the
+    process awake, so it must look at the runners' pause after the tick, not before."""
+    handler, lease = _Blocking(), _Lease()
+    handler.release.set()
+    looks: list[bool] = []
+
+    def awake() -> bool:  # the runner's look, then the thread's: by then the watchdog has
+        looks.append(True)  # seen the pause, paused the runners and ticked again
+        if len(looks) == 2:
+            runners.pause()
+        return True
+
+    runners = _runners(handler, concurrency=1, threads=1, awake=awake)
+    runners.start()
+    runners.dispatch(_job(lease, 1))
+    await asyncio.sleep(0.3)
+    assert handler.began == [], "a thread began a job while the runners were paused"
+    runners.resume()
+    await asyncio.sleep(0.3)
+    assert handler.began == ["m1"]
+    await runners.close()

@@ -53,7 +53,7 @@ async def connect_amqp(settings: Settings, name: str) -> AbstractConnection:
 async def _connect(url: str, settings: Settings, name: str) -> AbstractConnection:
     where = redact_url(url)
     try:
-        return await asyncio.wait_for(
+        connection = await asyncio.wait_for(
             aio_pika.connect(
                 url,
                 client_properties={"connection_name": name},
@@ -71,6 +71,28 @@ async def _connect(url: str, settings: Settings, name: str) -> AbstractConnectio
         raise ServiceUnavailable(
             f"RabbitMQ at {where} cannot be reached: {_first_line(exc)}"
         ) from None
+    answer_every_close(connection)
+    return connection
+
+
+def answer_every_close(connection: AbstractConnection) -> None:
+    """Let ``connection`` always answer the broker's ``Channel.Close`` (and ``Connection.Close``).
+
+    aiormq queues those answers with ``put_nowait`` on the connection's write queue, which holds
+    at most 10 frames, and drops an answer silently when it is full; frames sent without waiting
+    for the socket (hashq's acknowledgements and publishes) fill it. A channel whose close is not
+    answered stays open on the broker: it remains its queue's single active consumer, holding
+    what it was delivered, so the bucket consumed again on a new channel gets nothing until the
+    connection closes (the chaos run's stalled buckets: tests/integration/test_amqp.py), and a
+    channel opened later under its number ends the connection. Unbounded, the queue never
+    refuses an answer; what hashq sends is bounded elsewhere (each bucket's prefetch window, the
+    publisher's confirms in flight)."""
+    underlay = getattr(connection, "transport", None)
+    queue = getattr(getattr(underlay, "connection", None), "write_queue", None)
+    if not isinstance(queue, asyncio.Queue) or not hasattr(queue, "_maxsize"):
+        log.warning("aiormq's write queue not found: a close of the broker may go unanswered")
+        return
+    queue._maxsize = 0  # asyncio.Queue's bound (0: none); nothing public sets it after creation
 
 
 def connection_usable(connection: AbstractConnection | None) -> TypeGuard[AbstractConnection]:

@@ -2,13 +2,14 @@
 for ``STARVED_AFTER`` seconds, while its queue has messages ready.
 
 Nothing in the protocol leaves a lease so: a granted bucket's queue (single active consumer) is
-consumed by its owner alone once the previous owner released or was fenced. It was seen once,
-in the second 30-minute chaos run (seed 23): a bucket whose channel ``consumer_timeout`` had
-closed was subscribed again, the broker confirmed the consumer, and nothing was delivered for
-46 s, until the bucket was revoked, while the same worker's other buckets ran. The cause is not
-known, so the worker does not act on it: it says so, once, in an error line, in
-``hashq_buckets_starved`` and in its readiness, and says when it ends. A queue that does not
-deliver to its only consumer is the broker's to explain; the line gives its counts.
+consumed by its owner alone once the previous owner released or was fenced. It was seen in the
+30-minute chaos runs (seed 23): a bucket whose channel ``consumer_timeout`` had closed was
+subscribed again, the broker confirmed the consumer, and nothing was delivered for 46 s, until
+the bucket was revoked, while the same worker's other buckets ran. The cause, found since: aiormq
+had dropped its answer to the broker's close, so the old channel lived on as the queue's active
+consumer (``hashq._io.amqp.answer_every_close``, which fixes it). Any other cause would look the
+same, so the worker still says so, once, in an error line, in ``hashq_buckets_starved`` and in
+its readiness, and says when it ends; the line gives the queue's counts.
 
 Each quiet lease costs one passive declare per ``STARVED_AFTER`` seconds, on a channel of the
 watch's own (``QueueCounts``), so that an error there (a 404, a timeout) closes no bucket's.

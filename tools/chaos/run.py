@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hashq.settings import Settings, load_settings
-from tools import say
+from tools import SERVICES_SCRIPT, say
 from tools.broker_env import (
     consumer_timeout_settings,
     rabbit_eval,
@@ -296,6 +297,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def servers_not_answering() -> str:
+    """What ``tools/services.sh status`` says of a server that does not answer ("" if both
+    answer): the run restarts them through that script, so it needs them up before it starts."""
+    done = subprocess.run(
+        ["bash", str(SERVICES_SCRIPT), "status"], capture_output=True, text=True, check=False
+    )
+    if done.returncode == 0:
+        return ""
+    lines = [" ".join(line.split()) for line in done.stdout.splitlines() if "not answering" in line]
+    return "; ".join(lines) or done.stderr.strip() or f"status exited {done.returncode}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="chaos")
     parser.add_argument("--duration", type=float, default=float(os.environ.get("DURATION", 60)))
@@ -339,6 +352,10 @@ def main() -> int:
     if unknown:
         known = ", ".join(FAULT_KINDS)
         parser.error(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {known}")
+    down = servers_not_answering()
+    if down:
+        say(f"chaos: the servers must answer before the run ({down}); start them: make services")
+        return 2
     args.out = args.out or tempfile.mkdtemp(prefix="hashq-chaos-")
     report = asyncio.run(run(args))
     path = Path(args.out, "report.json")

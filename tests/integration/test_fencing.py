@@ -12,7 +12,6 @@ import http.client
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +103,10 @@ def test_a_fenced_bucket_is_granted_only_once_the_queues_had_time_to_take_back_i
     live = {"w2": _registration(1)}
 
     def granted(now: float, done: tuple[float, ...]) -> bool:
-        view = View(1, {0: stuck}, live, frozenset(), frozenset({INCARNATION}), now, 1)
-        view = replace(view, fences_done={INCARNATION: done})
+        fenced = frozenset({INCARNATION})
+        view = View(
+            1, {0: stuck}, live, frozenset(), fenced, now, 1, fences_done={INCARNATION: done}
+        )
         record = step(view, {0: "w2"}).records.get(0)
         return record is not None and record.state is BucketState.GRANTED
 
@@ -130,7 +131,16 @@ async def test_a_fenced_worker_that_reconnected_is_fenced_again(
     fencer.note({"w1": _registration(2)}, {INCARNATION})  # reconnected, announced
     assert INCARNATION not in fencer.covered()
     stuck = BucketRecord(BucketState.FENCING, "w1", "i1", 3, target="w2")
-    view = View(1, {0: stuck}, {"w1": _registration(2)}, frozenset(), fencer.covered(), 0, 1)
+    view = View(
+        1,
+        {0: stuck},
+        {"w1": _registration(2)},
+        frozenset(),
+        fencer.covered(),
+        0,
+        1,
+        fences_done=None,
+    )
     decision = step(view, {0: "w2"})
     assert decision.fences == {INCARNATION} and 0 not in decision.records
 

@@ -78,7 +78,16 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
             else:
                 lives[name] += 1
                 live[name] = _registration(name, lives[name])
-        view = View(buckets, records, live, frozenset(releases), frozenset(fenced), now, 5.0)
+        view = View(
+            buckets,
+            records,
+            live,
+            frozenset(releases),
+            frozenset(fenced),
+            now,
+            5.0,
+            fences_done=None,
+        )
         decision = step(view, plan(buckets, dict.fromkeys(live, 1), committed_owners(view)))
         grants.check(records, decision.records, releases, fenced)
         records.update(decision.records)
@@ -98,7 +107,16 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
                 releases.add((bucket, record.epoch))
     for _ in range(20):  # calm: everything settles on the plan
         now += 10.0
-        view = View(buckets, records, live, frozenset(releases), frozenset(fenced), now, 5.0)
+        view = View(
+            buckets,
+            records,
+            live,
+            frozenset(releases),
+            frozenset(fenced),
+            now,
+            5.0,
+            fences_done=None,
+        )
         decision = step(view, plan(buckets, dict.fromkeys(live, 1), committed_owners(view)))
         grants.check(records, decision.records, releases, fenced)
         records.update(decision.records)
@@ -117,7 +135,9 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
 def test_a_move_revokes_then_grants_at_the_next_epoch() -> None:
     a, b = _registration("a", 0), _registration("b", 0)
     records = {0: BucketRecord(BucketState.GRANTED, "a", a.incarnation, 4)}
-    view = View(1, records, {"a": a, "b": b}, frozenset(), frozenset(), 100.0, 30.0)
+    view = View(
+        1, records, {"a": a, "b": b}, frozenset(), frozenset(), 100.0, 30.0, fences_done=None
+    )
     revoking = step(view, {0: "b"}).records[0]
     assert (revoking.state, revoking.owner, revoking.target, revoking.epoch) == (
         BucketState.REVOKING,
@@ -126,10 +146,19 @@ def test_a_move_revokes_then_grants_at_the_next_epoch() -> None:
         4,
     )
     assert assignments({0: revoking}, {"a": a, "b": b}, 1)["a"].grants == {}
-    waiting = View(1, {0: revoking}, {"a": a, "b": b}, frozenset(), frozenset(), 110.0, 30.0)
+    waiting = View(
+        1, {0: revoking}, {"a": a, "b": b}, frozenset(), frozenset(), 110.0, 30.0, fences_done=None
+    )
     assert step(waiting, {0: "b"}).records == {}
     released = View(
-        1, {0: revoking}, {"a": a, "b": b}, frozenset({(0, 4)}), frozenset(), 111.0, 30.0
+        1,
+        {0: revoking},
+        {"a": a, "b": b},
+        frozenset({(0, 4)}),
+        frozenset(),
+        111.0,
+        30.0,
+        fences_done=None,
     )
     granted = step(released, {0: "b"}).records[0]
     assert (granted.state, granted.owner, granted.epoch) == (BucketState.GRANTED, "b", 5)
@@ -138,7 +167,9 @@ def test_a_move_revokes_then_grants_at_the_next_epoch() -> None:
 def test_an_owner_that_does_not_release_is_fenced_and_named() -> None:
     a, b = _registration("a", 0), _registration("b", 0)
     revoking = BucketRecord(BucketState.REVOKING, "a", a.incarnation, 4, target="b", since=100.0)
-    late = View(1, {0: revoking}, {"a": a, "b": b}, frozenset(), frozenset(), 131.0, 30.0)
+    late = View(
+        1, {0: revoking}, {"a": a, "b": b}, frozenset(), frozenset(), 131.0, 30.0, fences_done=None
+    )
     decision = step(late, {0: "b"})
     assert decision.records[0].state is BucketState.FENCING
     assert decision.fences == {("a", a.incarnation)}
@@ -151,12 +182,30 @@ def test_an_owner_is_given_at_least_its_session_before_it_is_fenced() -> None:
     grace could let it start a message after the next owner did (simulation seed 531)."""
     owner = Registration("a", "a1", 1, drain_timeout=1.0, session_timeout=6.0)
     record = BucketRecord(BucketState.REVOKING, "a", "a1", 1, target="b", since=0.0)
-    view = View(1, {0: record}, {"a": owner}, frozenset(), frozenset(), 0.0, 30.0, fence_grace=1.0)
+    view = View(
+        1,
+        {0: record},
+        {"a": owner},
+        frozenset(),
+        frozenset(),
+        0.0,
+        30.0,
+        fence_grace=1.0,
+        fences_done=None,
+    )
     assert view.revoke_timeout_of(record) == 6.0
     unknown = Registration("a", "a1", 1, drain_timeout=1.0)  # an older worker says no session
     assert (
         View(
-            1, {0: record}, {"a": unknown}, frozenset(), frozenset(), 0.0, 30.0, fence_grace=1.0
+            1,
+            {0: record},
+            {"a": unknown},
+            frozenset(),
+            frozenset(),
+            0.0,
+            30.0,
+            fence_grace=1.0,
+            fences_done=None,
         ).revoke_timeout_of(record)
         == 2.0
     )
@@ -169,7 +218,7 @@ def test_before_membership_settles_only_orphans_move() -> None:
         1: BucketRecord(BucketState.GRANTED, "a", a.incarnation, 1),
         2: BucketRecord(BucketState.UNASSIGNED, None, None, 3),
     }
-    view = View(3, records, {"a": a, "b": b}, frozenset(), frozenset(), 1.0, 30.0)
+    view = View(3, records, {"a": a, "b": b}, frozenset(), frozenset(), 1.0, 30.0, fences_done=None)
     decision = step(view, {0: "a", 1: "b", 2: "b"}, settled=False)
     assert set(decision.records) == {2}
     assert (decision.records[2].owner, decision.records[2].epoch) == ("b", 4)

@@ -39,8 +39,9 @@ class View:
     revoke_timeout: float  # how long a revoked owner may take to release before it is fenced
     fence_grace: float = 0.0  # beyond an owner's own drain timeout, when it says it
     # When each incarnation's fences finished (``FenceBook.fences_done``); None: take a fence
-    # as done with its returns (the pure tests of the other rules)
-    fences_done: Mapping[Incarnation, tuple[float, ...]] | None = None
+    # as done with its returns (the pure tests of the other rules). No default: a caller that
+    # forgot it would grant before the queues took back what a fenced owner held.
+    fences_done: Mapping[Incarnation, tuple[float, ...]] | None = field(kw_only=True)
 
     def returned(self, record: BucketRecord) -> bool:
         """Whether what ``record``'s owner held has been taken back by the queues: it is

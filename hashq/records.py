@@ -29,7 +29,7 @@ PROTOCOL_VERSION = 2
 # How long a bucket queue may take, after a connection died, to take back what that
 # connection's channels held: a quorum queue whose leader was on a failed node does so only
 # once it has a leader again (tests/e2e/test_cluster.py; the simulation's RETURN_LAG_SECONDS,
-# 3 s, stays below it). Neither a worker's release after a lost connection nor a grant after
+# 4.9 s, stays just below it). Neither a worker's release after a lost connection nor a grant after
 # a fence lets the next owner consume sooner (docs/protocol.md, "Returns take time").
 RETURN_GRACE_SECONDS = 5.0
 

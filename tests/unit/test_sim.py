@@ -33,17 +33,17 @@ FOUND: dict[str, tuple[int, str]] = {
     # fence waits RETURN_GRACE_SECONDS, that wait alone outlasts the owner's noticing in them.
     "a worker cut off from RabbitMQ kept its grants": (6, "no-withdrawal"),
     "a revoked bucket released before the broker dropped its channel": (
-        439,
+        120,
         "release-after-unconfirmed-close",
     ),
-    "a connection that died while announced was taken as up": (190, "lost-taken-as-up"),
+    "a connection that died while announced was taken as up": (237, "lost-taken-as-up"),
     "a deposed leader's lock node blocked every election": (11, "lock-released-once"),
     "a session check answered before a second pause was believed after it": (12, "finding-8"),
     "a leader trusted sightings from before a blind spot (its election)": (420, "no-blind-spot"),
     # The cluster test found these two (a RabbitMQ node killed during a handover); the model
     # has them since its queues may take back a dead connection's messages late.
     "a bucket released while its queue still held what a dead connection had": (
-        282,
+        347,
         "release-without-return-grace",
     ),
     "a bucket granted after a fence while its queue still held what was cut off": (
@@ -53,7 +53,7 @@ FOUND: dict[str, tuple[int, str]] = {
     # The 30-minute chaos run found these two (seed 23): a thread pool smaller than the
     # runners, then a thread that ran its job only after the process had been stopped.
     "a plain handler's job queued in a busy thread pool started after its lease closed": (
-        39,
+        302,
         "thread-pool-queues",
     ),
     "a thread handed its job before a SIGSTOP began it on resume, past the session": (

@@ -9,7 +9,13 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from hashq.records import Assignment, BucketRecord, BucketState, Registration
+from hashq.records import (
+    RETURN_GRACE_SECONDS,
+    Assignment,
+    BucketRecord,
+    BucketState,
+    Registration,
+)
 from tools.sim.coordinator import CoordinatorConfig, SimCoordinator
 from tools.sim.faults import Fault, draw_faults
 from tools.sim.inject import apply, heal_all, strand
@@ -23,8 +29,9 @@ PUBLISH_GAP = 0.01  # virtual seconds between publishes
 SETTLE_LIMIT = 300.0  # virtual seconds the healed cluster has to finish everything
 # How one worker may stay cut off for good while the rest heals: its keys must go on elsewhere.
 # A quorum queue whose leader was on a failed node returns a dead consumer's messages once it
-# has a leader again: within seconds (tests/e2e/test_cluster.py). The model's bound.
-RETURN_LAG_SECONDS = 3.0
+# has a leader again: within seconds (tests/e2e/test_cluster.py). The model's bound is just
+# below the grace the protocol waits for it, so that a wait that starts too early shows.
+RETURN_LAG_SECONDS = 0.98 * RETURN_GRACE_SECONDS
 STRANDED = ("zk-partition", "amqp-partition", "freeze", "isolated", "zk-after-reconnect")
 
 

@@ -348,8 +348,8 @@ class Broker:
     def _dispatch(self, queue: Queue) -> None:
         while queue.ready and queue.consumers:
             channel = queue.consumers[0]
-            if len(channel.unacked) >= channel.prefetch:
-                return
+            if len(channel.unacked) >= channel.prefetch or channel in self.dying:
+                return  # a dying active consumer: the queue has no leader yet, it sends nothing
             msg = queue.ready.pop(0)
             tag = channel.next_tag
             channel.next_tag += 1
@@ -370,7 +370,8 @@ class Broker:
             self.world.after(self.consumer_timeout, lambda: self._check_timeout(channel, tag, msg))
 
     def _check_timeout(self, channel: Channel, tag: int, msg: Msg) -> None:
-        if channel.open and channel.unacked.get(tag) is msg:
+        # A dying channel's process went with its connection: no channel is left to time out.
+        if channel.open and channel not in self.dying and channel.unacked.get(tag) is msg:
             self._end_channel(channel)
             connection = channel.connection
             reason = CONSUMER_TIMEOUT_REASON.format(channel.number)

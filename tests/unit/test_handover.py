@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hashq.records import BucketRecord, BucketState, Registration
-from hashq_coordinator.machine.handover import View, assignments, committed_owners, step
+from hashq_coordinator.machine.handover import (
+    Decision,
+    View,
+    assignments,
+    committed_owners,
+    step,
+)
 from hashq_coordinator.machine.planner import plan
 
 
@@ -55,6 +61,21 @@ class Grants:
             self.last[bucket] = (holder, following.epoch, self.fences.get(holder, 0))
 
 
+def _decide(
+    buckets: int,
+    records: dict[int, BucketRecord],
+    live: dict[str, Registration],
+    releases: set[tuple[int, int]],
+    fenced: set[tuple[str, str]],
+    now: float,
+) -> Decision:
+    """The leader's next step over what it knows, every fence taken as done with its returns."""
+    view = View(
+        buckets, records, live, frozenset(releases), frozenset(fenced), now, 5.0, fences_done=None
+    )
+    return step(view, plan(buckets, dict.fromkeys(live, 1), committed_owners(view)))
+
+
 @settings(max_examples=300, deadline=None)
 @given(seed=st.integers(), buckets=st.integers(1, 40), workers=st.integers(1, 6))
 def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) -> None:
@@ -78,17 +99,7 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
             else:
                 lives[name] += 1
                 live[name] = _registration(name, lives[name])
-        view = View(
-            buckets,
-            records,
-            live,
-            frozenset(releases),
-            frozenset(fenced),
-            now,
-            5.0,
-            fences_done=None,
-        )
-        decision = step(view, plan(buckets, dict.fromkeys(live, 1), committed_owners(view)))
+        decision = _decide(buckets, records, live, releases, fenced, now)
         grants.check(records, decision.records, releases, fenced)
         records.update(decision.records)
         # A fenced worker that is granted a bucket again has reconnected to consume it: the
@@ -107,17 +118,7 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
                 releases.add((bucket, record.epoch))
     for _ in range(20):  # calm: everything settles on the plan
         now += 10.0
-        view = View(
-            buckets,
-            records,
-            live,
-            frozenset(releases),
-            frozenset(fenced),
-            now,
-            5.0,
-            fences_done=None,
-        )
-        decision = step(view, plan(buckets, dict.fromkeys(live, 1), committed_owners(view)))
+        decision = _decide(buckets, records, live, releases, fenced, now)
         grants.check(records, decision.records, releases, fenced)
         records.update(decision.records)
         fenced |= decision.fences
@@ -182,33 +183,16 @@ def test_an_owner_is_given_at_least_its_session_before_it_is_fenced() -> None:
     grace could let it start a message after the next owner did (simulation seed 531)."""
     owner = Registration("a", "a1", 1, drain_timeout=1.0, session_timeout=6.0)
     record = BucketRecord(BucketState.REVOKING, "a", "a1", 1, target="b", since=0.0)
-    view = View(
-        1,
-        {0: record},
-        {"a": owner},
-        frozenset(),
-        frozenset(),
-        0.0,
-        30.0,
-        fence_grace=1.0,
-        fences_done=None,
-    )
-    assert view.revoke_timeout_of(record) == 6.0
-    unknown = Registration("a", "a1", 1, drain_timeout=1.0)  # an older worker says no session
-    assert (
-        View(
-            1,
-            {0: record},
-            {"a": unknown},
-            frozenset(),
-            frozenset(),
-            0.0,
-            30.0,
-            fence_grace=1.0,
-            fences_done=None,
+
+    def revoke_timeout_for(registration: Registration) -> float:
+        workers = {"a": registration}
+        return View(
+            1, {0: record}, workers, frozenset(), frozenset(), 0.0, 30.0, 1.0, fences_done=None
         ).revoke_timeout_of(record)
-        == 2.0
-    )
+
+    assert revoke_timeout_for(owner) == 6.0
+    unknown = Registration("a", "a1", 1, drain_timeout=1.0)  # an older worker says no session
+    assert revoke_timeout_for(unknown) == 2.0
 
 
 def test_before_membership_settles_only_orphans_move() -> None:

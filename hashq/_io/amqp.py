@@ -76,7 +76,9 @@ async def _connect(url: str, settings: Settings, name: str) -> AbstractConnectio
 
 
 def answer_every_close(connection: AbstractConnection) -> None:
-    """Let ``connection`` always answer the broker's ``Channel.Close`` (and ``Connection.Close``).
+    """Let ``connection`` always queue its answer to the broker's ``Channel.Close`` (and to a
+    ``Connection.Close``, though aiormq's writer may stop before sending that one: the
+    connection ends either way).
 
     aiormq queues those answers with ``put_nowait`` on the connection's write queue, which holds
     at most 10 frames, and drops an answer silently when it is full; frames sent without waiting

@@ -16,6 +16,10 @@ class Message:
     remembers the highest epoch it saw per key (or per bucket) can refuse a late write from a
     worker that has since been cut off. ``attempt`` counts this worker's attempts, from 1.
     ``data`` is the decoded body when a codec is set (``--codec json``), else None.
+    ``started_at`` is the ``time.monotonic()`` at which the worker let this execution begin,
+    just after its last check that the bucket is still this worker's: a handler's first line
+    may come later (a thread waits for the interpreter, a process may be paused in between),
+    and what it does after such a delay is guarded by ``epoch`` alone.
     """
 
     key: str
@@ -27,6 +31,7 @@ class Message:
     redelivered: bool
     attempt: int
     data: Any = None
+    started_at: float = field(default=0.0, init=False)
     _cancel_event: threading.Event | None = field(default=None, init=False, repr=False)
 
     @property

@@ -14,7 +14,8 @@ once the loop lets go of the interpreter, and a pause (SIGSTOP) may fall in betw
 thread checks again before it calls the handler (``_in_thread``), and a job it refuses goes back.
 An async handler needs no second check: nothing yields to the loop between a runner's check and
 the handler's first line. No check closes the last microseconds before a handler's first line:
-a pause there is what the epoch, the fencing token, is for.
+a pause there is what the epoch, the fencing token, is for. The moment of the last check is
+``Message.started_at``, so a record can tell such a late first line from a late start.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class Runners:
     async def _call(self, job: Job, message: Message) -> bool:
         """Call the handler; False if its thread would not begin it (``_in_thread``)."""
         if self._is_async:
+            message.started_at = time.monotonic()
             result = self._handler(message)
             assert inspect.isawaitable(result)
             await result
@@ -167,6 +169,7 @@ class Runners:
         Checked in that order, the reverse of the watchdog's (it pauses, then ticks)."""
         if not (self._awake() and self._may_start.is_set() and job.lease.may_start(job)):
             return False
+        message.started_at = time.monotonic()
         self._handler(message)
         return True
 

@@ -2,8 +2,8 @@
 schedule drawn from the chaos faults (worker kills, stops, leader kills, broker and ZooKeeper
 restarts, a worker cut off ZooKeeper, rolling restarts, clock steps) and a workload whose long
 handlers outlast the drain timeout and the broker's consumer_timeout, judged by the independent
-checker. The naive design's counts are reported beside hashq's; whether it reorders within 140 s
-is chance, so the proof that the checks can fail is elsewhere (tests/unit/test_checker.py, and
+checker. The naive design's counts are reported beside hashq's; whether it reorders in so short a
+run is chance, so the proof that the checks can fail is elsewhere (tests/unit/test_checker.py, and
 the simulation's mutations in docs/guarantees.md)."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from tools.chaos.faults import SESSION_SECONDS
 from tools.executions import read_appended
 from tools.launcher import child_environment
 
-# Every kind of fault, slow ones first so that all fit in the run (--faults name, as logged);
-# two joins, since the naive design reorders at membership changes.
+# Every kind of fault (--faults name, as logged), carried out to the end however long the
+# machine takes over them; two joins, since the naive design reorders at membership changes.
 SCHEDULE = [
     ("rabbitmq", "restart rabbitmq"),
     ("cut-zk", "cut zookeeper worker"),  # its AMQP connection stays up: a live zombie
@@ -44,7 +44,7 @@ SCHEDULE = [
 ]
 
 
-@pytest.mark.timeout(660)  # two runs of 140 s and their drains: past the 300 s default
+@pytest.mark.timeout(660)  # two runs of 110 s or more and their drains: past the 300 s default
 def test_short_chaos_run_loses_and_reorders_nothing(
     endpoints: Endpoints, settings: Settings, tmp_path: Path
 ) -> None:
@@ -58,7 +58,7 @@ def test_short_chaos_run_loses_and_reorders_nothing(
             "--designs",
             "hashq,split",
             "--duration",
-            "140",
+            "110",
             "--seed",
             "11",
             "--gap",
@@ -130,7 +130,7 @@ def test_short_chaos_run_loses_and_reorders_nothing(
     # A worker's wall clock stepped by minutes, then the leader's: the records (kept in true
     # time) show handlers that ran under it, and everything above held.
     assert held["under_stepped_clock"] >= 1, held
-    # The naive design ran the same faults; whether it reorders in 140 s is chance, so it is
+    # The naive design ran the same faults; whether it reorders in a short run is chance, so it is
     # reported, not asserted (docs/guarantees.md has 10-minute runs). That the checks can fail
     # is shown deterministically: tests/unit/test_checker.py, and the simulation's mutations.
     assert naive["confirmed"] > 5_000, summary

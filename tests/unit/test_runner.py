@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -204,4 +205,28 @@ async def test_a_thread_sees_runners_paused_by_a_watchdog_that_ticked_again() ->
     runners.resume()
     await asyncio.sleep(0.3)
     assert handler.began == ["m1"]
+    await runners.close()
+
+
+@pytest.mark.parametrize("kind", ["thread", "async"])
+async def test_a_handler_sees_when_the_worker_let_it_begin(kind: str) -> None:
+    """``Message.started_at`` is taken after the last check, before the handler's first line:
+    the chaos run judges starts by it, so a stop between the two counts as a fenced zombie
+    (the third 30-minute run's one stale start) and a start decided late still shows."""
+    seen: list[tuple[float, float]] = []
+
+    def plain(message: Message) -> None:
+        seen.append((message.started_at, time.monotonic()))
+
+    async def coroutine(message: Message) -> None:
+        plain(message)
+
+    lease = _Lease()
+    runners = _runners(plain if kind == "thread" else coroutine, concurrency=1, threads=1)
+    runners.start()
+    before = time.monotonic()
+    runners.dispatch(_job(lease, 1))
+    await asyncio.sleep(0.2)
+    [(started_at, first_line)] = seen
+    assert before <= started_at <= first_line
     await runners.close()

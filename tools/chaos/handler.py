@@ -41,17 +41,28 @@ async def execute(
 
 async def record(msg: Message) -> None:
     """The handler hashq's chaos workers run."""
-    await execute(msg.key, msg.body, msg.message_id, msg.bucket, msg.epoch, msg.redelivered)
+    first_line = _now()
+    await asyncio.sleep(_pause(msg.body))
+    append_record("HASHQ_CHAOS_RECORD", _hashq_execution(msg, first_line))
 
 
 def record_in_thread(msg: Message) -> None:
     """The same work as ``record``, as a plain function: hashq runs it in a thread."""
-    started = _now()
+    first_line = _now()
     time.sleep(_pause(msg.body))
+    append_record("HASHQ_CHAOS_RECORD", {**_hashq_execution(msg, first_line), "thread": True})
+
+
+def _hashq_execution(msg: Message, first_line: float) -> dict[str, Any]:
+    """An execution as hashq started it: at ``Message.started_at``, when the worker last
+    checked that the bucket was its own. A pause between that check and the handler's first
+    line (kept as ``first_line``) is a fenced zombie's, not a stale start: the checker judges
+    when the worker decided, as it judges a pause anywhere later in the handler."""
+    started = _TRUE_OFFSET + msg.started_at if msg.started_at else first_line
     execution = _execution(
         msg.key, msg.body, msg.message_id, msg.bucket, msg.epoch, msg.redelivered, started
     )
-    append_record("HASHQ_CHAOS_RECORD", {**execution, "thread": True})
+    return {**execution, "first_line": first_line}
 
 
 def _pause(body: bytes) -> float:

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -160,7 +161,7 @@ def publisher_argv(
         "--rate",
         str(args.rate / 2),
         "--seconds",
-        str(args.duration),
+        str(args.duration * 4),  # a cap: the harness stops them when the faults end
         "--seed",
         str(args.seed + number),
         "--confirmed",
@@ -171,14 +172,21 @@ def publisher_argv(
 
 
 async def faults_until(chaos: Chaos, args: argparse.Namespace, files: Files) -> None:
+    """Faults for ``--duration`` seconds, and a given schedule to its end even past them (how
+    long its faults take depends on the machine), then the publishers are told to stop: the
+    load lasts as long as the faults, the last one included."""
     started = time.monotonic()
     next_fault = started + args.warmup
-    while time.monotonic() - started < args.duration:
+    while time.monotonic() - started < args.duration or chaos.schedule:
         if time.monotonic() >= next_fault:
             await chaos.one()
             next_fault = time.monotonic() + chaos.rng.uniform(args.gap / 2, args.gap * 1.5)
         await asyncio.to_thread(progress, chaos.fleet, files, started)  # the links go on
         await asyncio.sleep(2.0)
+    if (overrun := time.monotonic() - started - args.duration) > 1:
+        say(f"chaos: the faults ran {overrun:.0f}s past --duration")
+    for publisher in chaos.fleet.alive("publisher"):
+        chaos.fleet.signal(publisher, signal.SIGTERM)  # each confirms its last batch and exits
 
 
 async def drain_until_done(chaos: Chaos, files: Files, within: float) -> None:

@@ -46,13 +46,38 @@ def read_all(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return [row for path in paths for row in read_appended(path)]
 
 
-def count_lines(path: Path) -> int:
-    """How many lines ``path`` holds (0 if it does not exist): a cheap progress count of an
-    appended file, without parsing it."""
-    if not path.exists():
-        return 0
-    with path.open("rb") as lines:
-        return sum(1 for _ in lines)
+class Growing:
+    """An appended file read as it grows, for whoever watches a run while it goes on: each
+    call reads only the bytes added since the last one. The chaos harness forwards every link
+    of every process through proxies in its own process, so reading its whole record every
+    few seconds (hundreds of megabytes by the end of a long run) held the interpreter long
+    enough to delay those links, until ZooKeeper sessions expired and consumer timeouts fired
+    with no fault in force. Use one instance for ``lines`` or for ``records``, not both."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines = 0
+        self._offset = 0
+        self._partial = b""  # the start of a line whose newline is not there yet
+
+    def _grown(self) -> bytes:
+        if not self.path.exists():
+            return b""
+        with self.path.open("rb") as file:
+            file.seek(self._offset)
+            grown = file.read()
+        self._offset += len(grown)
+        return grown
+
+    def count(self) -> int:
+        """How many lines the file holds now, without parsing them."""
+        self.lines += self._grown().count(b"\n")
+        return self.lines
+
+    def records(self) -> list[dict[str, Any]]:
+        """The records completed since the last call (as ``read_appended`` reads them)."""
+        complete, _, self._partial = (self._partial + self._grown()).rpartition(b"\n")
+        return parse_complete_lines(complete.decode(errors="replace"))
 
 
 def parse_complete_lines(text: str) -> list[dict[str, Any]]:

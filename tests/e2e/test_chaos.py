@@ -44,7 +44,7 @@ SCHEDULE = [
 ]
 
 
-@pytest.mark.timeout(660)  # two runs of 110 s or more and their drains: past the 300 s default
+@pytest.mark.timeout(660)  # two runs of 90 s or more and their drains: past the 300 s default
 def test_short_chaos_run_loses_and_reorders_nothing(
     endpoints: Endpoints, settings: Settings, tmp_path: Path
 ) -> None:
@@ -58,7 +58,7 @@ def test_short_chaos_run_loses_and_reorders_nothing(
             "--designs",
             "hashq,split",
             "--duration",
-            "110",
+            "90",
             "--seed",
             "11",
             "--gap",

@@ -39,8 +39,9 @@ from tools.chaos.designs import DESIGNS, Design, leftovers
 from tools.chaos.faults import DRAIN_SECONDS, FAULT_KINDS, SESSION_SECONDS, Chaos
 from tools.chaos.network import Network
 from tools.chaos.recovery import recoveries
+from tools.chaos.tally import Tally
 from tools.checker import judge
-from tools.executions import count_lines, read_all, read_appended
+from tools.executions import read_all, read_appended
 from tools.launcher import Fleet
 from tools.polling import eventually
 
@@ -94,8 +95,9 @@ async def run_design(
             name = f"publisher-{number}"
             argv = publisher_argv(design, settings, args, files, number, client)
             fleet.start(name, *argv, env=await network.attach(name))
-        await faults_until(chaos, args, files)
-        await drain_until_done(chaos, files, args.drain)
+        tally = Tally(files.confirmed, files.record)
+        await faults_until(chaos, args, tally)
+        await drain_until_done(chaos, tally, args.drain)
     finally:
         await asyncio.to_thread(fleet.stop_all)
         await network.close()
@@ -171,7 +173,7 @@ def publisher_argv(
     ]
 
 
-async def faults_until(chaos: Chaos, args: argparse.Namespace, files: Files) -> None:
+async def faults_until(chaos: Chaos, args: argparse.Namespace, tally: Tally) -> None:
     """Faults for ``--duration`` seconds, and a given schedule to its end even past them (how
     long its faults take depends on the machine), then the publishers are told to stop: the
     load lasts as long as the faults, the last one included."""
@@ -181,7 +183,7 @@ async def faults_until(chaos: Chaos, args: argparse.Namespace, files: Files) -> 
         if time.monotonic() >= next_fault:
             await chaos.one()
             next_fault = time.monotonic() + chaos.rng.uniform(args.gap / 2, args.gap * 1.5)
-        await asyncio.to_thread(progress, chaos.fleet, files, started)  # the links go on
+        await asyncio.to_thread(progress, chaos.fleet, tally, started)  # the links go on
         await asyncio.sleep(2.0)
     if (overrun := time.monotonic() - started - args.duration) > 1:
         say(f"chaos: the faults ran {overrun:.0f}s past --duration")
@@ -189,7 +191,7 @@ async def faults_until(chaos: Chaos, args: argparse.Namespace, files: Files) -> 
         chaos.fleet.signal(publisher, signal.SIGTERM)  # each confirms its last batch and exits
 
 
-async def drain_until_done(chaos: Chaos, files: Files, within: float) -> None:
+async def drain_until_done(chaos: Chaos, tally: Tally, within: float) -> None:
     """Wait (up to ``within`` seconds) until everything confirmed was executed."""
     if len(chaos.fleet.alive("worker")) < 2:
         await chaos.start("worker")
@@ -203,22 +205,21 @@ async def drain_until_done(chaos: Chaos, files: Files, within: float) -> None:
         return await asyncio.to_thread(executed_all)  # reading the records blocks; links do not
 
     def executed_all() -> bool:
-        sent = {(r["key"], r["seq"]) for r in read_all(files.confirmed)}
-        left = sent - {(r["key"], r["seq"]) for r in read_appended(files.record)}
-        if left:
-            say(f"draining: {len(left):,} confirmed messages not yet executed")
-        return not left
+        tally.look()
+        if tally.left:
+            say(f"draining: {len(tally.left):,} confirmed messages not yet executed")
+        return not tally.left
 
     left = deadline - time.monotonic()
     if not await eventually(all_executed, left, every=3.0, or_last=True):
         say("stopped waiting: what is still queued counts as unfinished, the rest as lost")
 
 
-def progress(fleet: Fleet, files: Files, started: float) -> None:
-    sent = sum(count_lines(path) for path in files.confirmed)
-    executed = count_lines(files.record)
+def progress(fleet: Fleet, tally: Tally, started: float) -> None:
+    tally.look()
     say(
-        f"{time.monotonic() - started:5.0f}s  confirmed {sent:,}  executed {executed:,}"
+        f"{time.monotonic() - started:5.0f}s  confirmed {tally.sent:,}"
+        f"  executed {tally.executions:,}"
         f"  workers {len(fleet.alive('worker'))}  coordinators {len(fleet.alive('coordinator'))}"
     )
 

@@ -28,7 +28,7 @@ from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from tools import say
 from tools.checker import check
-from tools.executions import count_lines
+from tools.executions import Growing
 from tools.launcher import Fleet, remove_app
 
 
@@ -60,14 +60,14 @@ async def publish_stream(
             await asyncio.sleep(0.1)
 
 
-async def show_status(settings: Settings, record: Path, published: dict[str, int]) -> None:
+async def show_status(settings: Settings, record: Growing, published: dict[str, int]) -> None:
     status = await gather_status(settings)
     workers = ", ".join(
         f"{worker}:{len(status.held_by(worker))}" for worker in sorted(status.ownership.workers)
     )
     leader = status.ownership.leader.leader if status.ownership.leader else "none"
     moving = f"moving {status.in_transit}" if status.in_transit else "no handover"
-    processed = await asyncio.to_thread(count_lines, record)
+    processed = await asyncio.to_thread(record.count)
     say(
         f"leader {leader} | workers {workers or '-'} | {moving} | queued {status.total_messages:,}"
         f" | published {sum(published.values()):,} | processed {processed:,}"
@@ -101,7 +101,7 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
             (0.75, "worker-2", signal.SIGKILL),
             (0.75, "worker-4", None),
         ]
-        started = time.monotonic()
+        started, growing = time.monotonic(), Growing(record)
         # Every event of the timeline is played, even when the publisher and the workers finish
         # early: a short run must still show the kill it promises.
         while timeline or not publisher.done() or _behind(record, published):
@@ -113,7 +113,7 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
                 else:
                     fleet.signal(name, number)
                     say(f"sent {signal.Signals(number).name} to {name}")
-            await show_status(settings, record, published)
+            await show_status(settings, growing, published)
             if time.monotonic() - started > args.seconds + 90:
                 say("giving up waiting for the workers")
                 break

@@ -31,7 +31,7 @@ class Message:
     redelivered: bool
     attempt: int
     data: Any = None
-    started_at: float = field(default=0.0, init=False)
+    started_at: float = field(default=0.0, init=False, compare=False)
     _cancel_event: threading.Event | None = field(default=None, init=False, repr=False)
 
     @property

@@ -50,9 +50,10 @@ class Growing:
     """An appended file read as it grows, for whoever watches a run while it goes on: each
     call reads only the bytes added since the last one. The chaos harness forwards every link
     of every process through proxies in its own process, so reading its whole record every
-    few seconds (hundreds of megabytes by the end of a long run) held the interpreter long
-    enough to delay those links, until ZooKeeper sessions expired and consumer timeouts fired
-    with no fault in force. Use one instance for ``lines`` or for ``records``, not both."""
+    few seconds (hundreds of megabytes by the end of a long run) took a core and held those
+    links up for up to 0.9 s at a time: very likely why ZooKeeper sessions expired and consumer
+    timeouts fired with no fault in force (the third 30-minute run, docs/guarantees.md). Use one instance for
+    ``count`` or for ``records``, not both, and from one thread at a time."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

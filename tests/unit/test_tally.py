@@ -49,3 +49,14 @@ def test_the_tally_leaves_out_what_ran_before_its_confirmation_was_written(
     _append(record, _line("k", 1) + _line("k", 1))  # and a duplicate
     tally.look()
     assert (tally.executions, tally.left) == (3, set())
+
+
+def test_a_line_torn_by_a_killed_writer_gives_the_record_appended_to_it_across_looks(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "record"
+    growing = Growing(path)
+    _append(path, _line("a", 0) + _line("a", 1)[:9])  # killed -9 in the middle of seq 1
+    assert [r["seq"] for r in growing.records()] == [0]
+    _append(path, _line("a", 2))  # the next writer appends to the torn part
+    assert [r["seq"] for r in growing.records()] == [2]

@@ -128,13 +128,17 @@ def broker_settings(args: argparse.Namespace) -> dict[str, int]:
 def workload(executions: list[dict[str, Any]], logs: Path) -> dict[str, int]:
     """What the holds and clock steps did: executions longer than the drain timeout (in threads,
     and not), bucket channels the broker closed for its consumer_timeout (each logged once by a
-    worker), and executions in a process whose wall clock was stepped."""
+    worker), executions in a process whose wall clock was stepped, and executions whose
+    handler's first line came more than half a second after the worker let them begin (a
+    process stopped in between: judged from the worker's start, so counted here to be seen)."""
     long = [run for run in executions if run["end"] - run["start"] > DRAIN_SECONDS]
+    late = [run for run in executions if run.get("first_line", run["start"]) - run["start"] > 0.5]
     said = "past the broker's consumer_timeout"
     return {
         "past_drain_timeout": len(long),
         "past_drain_timeout_in_threads": sum(1 for run in long if run.get("thread")),
         "under_stepped_clock": sum(1 for run in executions if run.get("clock_off")),
+        "late_first_lines": len(late),
         "consumer_timeouts": sum(
             path.read_text(errors="replace").count(said) for path in logs.glob("worker-*.log")
         ),
@@ -186,7 +190,12 @@ async def faults_until(chaos: Chaos, args: argparse.Namespace, tally: Tally) -> 
         await asyncio.to_thread(progress, chaos.fleet, tally, started)  # the links go on
         await asyncio.sleep(2.0)
     if (overrun := time.monotonic() - started - args.duration) > 1:
-        say(f"chaos: the faults ran {overrun:.0f}s past --duration")
+        capped = (
+            " (the publishers stopped at their cap, 4x --duration)"
+            if overrun > 3 * args.duration
+            else ""
+        )
+        say(f"chaos: the faults ran {overrun:.0f}s past --duration{capped}")
     for publisher in chaos.fleet.alive("publisher"):
         chaos.fleet.signal(publisher, signal.SIGTERM)  # each confirms its last batch and exits
 
@@ -265,7 +274,8 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
             f"  {name}: {held['past_drain_timeout']:,} handlers ran past the drain timeout"
             f" ({held['past_drain_timeout_in_threads']:,} in threads);"
             f" {held['consumer_timeouts']:,} channels closed by consumer_timeout;"
-            f" {held['under_stepped_clock']:,} executions under a stepped wall clock"
+            f" {held['under_stepped_clock']:,} executions under a stepped wall clock;"
+            f" {held.get('late_first_lines', 0):,} handlers began over 0.5 s after their start"
         )
     for name in names:
         for stall in results[name]["recovery"]["stalls"][:3]:

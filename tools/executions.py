@@ -52,8 +52,8 @@ class Growing:
     of every process through proxies in its own process, so reading its whole record every
     few seconds (hundreds of megabytes by the end of a long run) took a core and held those
     links up for up to 0.9 s at a time: very likely why ZooKeeper sessions expired and consumer
-    timeouts fired with no fault in force (the third 30-minute run, docs/guarantees.md). Use one instance for
-    ``count`` or for ``records``, not both, and from one thread at a time."""
+    timeouts fired with no fault in force (the third 30-minute run, docs/guarantees.md). Use
+    one instance for ``count`` or for ``records``, not both, and from one thread at a time."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -17,7 +17,8 @@ class Message:
     worker that has since been cut off. ``attempt`` counts this worker's attempts, from 1.
     ``data`` is the decoded body when a codec is set (``--codec json``), else None.
     ``started_at`` is the ``time.monotonic()`` at which the worker let this execution begin,
-    just after its last check that the bucket is still this worker's: a handler's first line
+    read just before its last checks that the bucket is still this worker's and that the
+    process was not paused (a pause after the read fails them): a handler's first line
     may come later (a thread waits for the interpreter, a process may be paused in between),
     and what it does after such a delay is guarded by ``epoch`` alone.
     """

@@ -14,8 +14,10 @@ once the loop lets go of the interpreter, and a pause (SIGSTOP) may fall in betw
 thread checks again before it calls the handler (``_in_thread``), and a job it refuses goes back.
 An async handler needs no second check: nothing yields to the loop between a runner's check and
 the handler's first line. No check closes the last microseconds before a handler's first line:
-a pause there is what the epoch, the fencing token, is for. The moment of the last check is
-``Message.started_at``, so a record can tell such a late first line from a late start.
+a pause there is what the epoch, the fencing token, is for. ``Message.started_at`` is the clock
+read just before the checks that let a job begin, so a record can tell such a late first line
+from a late start: a pause after that read either shows in the checks (they refuse) or falls in
+that window.
 """
 
 from __future__ import annotations
@@ -105,14 +107,15 @@ class Runners:
         while True:
             await self._may_start.wait()
             job = await self._ready.get()
+            deciding = time.monotonic()  # before the checks: see _in_thread
             if not self._awake():
                 self.pause()  # the process was paused: the worker confirms its session first
             if not self._may_start.is_set():
                 self._ready.put_nowait(job)  # paused while we waited: leave it for later
                 continue
-            await self._execute(job, me)
+            await self._execute(job, me, deciding)
 
-    async def _execute(self, job: Job, me: asyncio.Task[None]) -> None:
+    async def _execute(self, job: Job, me: asyncio.Task[None], deciding: float) -> None:
         lease = job.lease
         if not lease.may_start(job):
             return  # its bucket was closed: the message went back to the queue
@@ -125,7 +128,7 @@ class Runners:
         job.running(me, message)  # a closing lease may cut it off now
         since = time.perf_counter()
         try:
-            began = await self._call(job, message)
+            began = await self._call(job, message, deciding)
         except asyncio.CancelledError:
             if not job.was_cut_off:
                 raise
@@ -144,10 +147,12 @@ class Runners:
         self._metrics.handler_seconds.observe(time.perf_counter() - since)
         self._outcomes.settle(job)
 
-    async def _call(self, job: Job, message: Message) -> bool:
-        """Call the handler; False if its thread would not begin it (``_in_thread``)."""
+    async def _call(self, job: Job, message: Message, deciding: float) -> bool:
+        """Call the handler; False if its thread would not begin it (``_in_thread``, which
+        checks again and so reads the clock again). ``deciding``: the clock before the
+        runner's checks, nothing having yielded to the loop since."""
         if self._is_async:
-            message.started_at = time.monotonic()
+            message.started_at = deciding
             result = self._handler(message)
             assert inspect.isawaitable(result)
             await result
@@ -166,10 +171,16 @@ class Runners:
     def _in_thread(self, job: Job, message: Message) -> bool:
         """In the handler's thread: call the handler only if the process was not paused since
         the watchdog's last tick, the runners are not paused and the lease still consumes.
-        Checked in that order, the reverse of the watchdog's (it pauses, then ticks)."""
+        Checked in that order, the reverse of the watchdog's (it pauses, then ticks).
+
+        The clock is read before the checks, not after: a stop between them shows in
+        ``_awake``, which reads the clock itself. Read after, a stop in between (a thread that
+        passed the checks and waits for the interpreter lock) would date the start after the
+        stop, after its bucket had gone on elsewhere: a fenced zombie's start seen as stale."""
+        deciding = time.monotonic()
         if not (self._awake() and self._may_start.is_set() and job.lease.may_start(job)):
             return False
-        message.started_at = time.monotonic()
+        message.started_at = deciding
         self._handler(message)
         return True
 

@@ -36,7 +36,7 @@ async def test_a_thread_handler_cut_off_twice_is_waited_for_until_it_returns() -
 
     runners = _runners(handler, concurrency=1, threads=1)
     message = Message("k", b"", {}, "m", bucket=0, epoch=1, redelivered=False, attempt=1)
-    call = asyncio.ensure_future(runners._call(_job(_Lease(), 1), message))
+    call = asyncio.ensure_future(runners._call(_job(_Lease(), 1), message, time.monotonic()))
     await asyncio.sleep(0.1)
     for _ in range(2):  # cut off, and cut off again
         call.cancel()
@@ -229,4 +229,40 @@ async def test_a_handler_sees_when_the_worker_let_it_begin(kind: str) -> None:
     await asyncio.sleep(0.2)
     [(started_at, first_line)] = seen
     assert before <= started_at <= first_line
+    await runners.close()
+
+
+class _SlowLease(_Lease):
+    """A lease whose check is where a process stop lands: it takes 0.3 s, then says yes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[float] = []
+
+    def may_start(self, job: Job) -> bool:
+        self.asked.append(time.monotonic())
+        time.sleep(0.3)
+        return self.open
+
+
+@pytest.mark.parametrize("kind", ["thread", "async"])
+async def test_a_start_is_dated_before_the_checks_that_let_it_begin(kind: str) -> None:
+    """A stop during or after the checks must not date the start after the stop: a job
+    decided before it is a fenced zombie, not a stale start (a short chaos run in CI saw one
+    when the clock was read after the checks). Every start is dated before the last check."""
+    seen: list[float] = []
+
+    def plain(message: Message) -> None:
+        seen.append(message.started_at)
+
+    async def coroutine(message: Message) -> None:
+        plain(message)
+
+    lease = _SlowLease()
+    runners = _runners(plain if kind == "thread" else coroutine, concurrency=1, threads=1)
+    runners.start()
+    runners.dispatch(_job(lease, 1))
+    await asyncio.sleep(1.0)
+    [started_at] = seen
+    assert started_at < lease.asked[-1]
     await runners.close()

@@ -8,12 +8,14 @@ credentials are never echoed.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import socket
 import uuid
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, ClassVar, Literal, TypeVar, overload
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -24,6 +26,18 @@ from hashq.errors import SettingsError
 MAX_BUCKETS = 4096
 SECRETS_DIR_VARIABLE = "HASHQ_SECRETS_DIR"
 SECRET_FIELDS = frozenset({"amqp_url", "management_url", "zk_auth"})
+# Read by every command beside the settings (hashq._io.command).
+COMMAND_VARIABLES = frozenset({"HASHQ_LOG_LEVEL", "HASHQ_LOG_FORMAT", SECRETS_DIR_VARIABLE})
+# The project's own test tooling (tools/, tests/) reads these; they are no settings of hashq's.
+TOOLING_PREFIXES = (
+    "HASHQ_TEST_",
+    "HASHQ_SERVICES_",
+    "HASHQ_CHAOS_",
+    "HASHQ_DEMO_",
+    "HASHQ_BENCH_",
+    "HASHQ_SIM_",
+    "HASHQ_PLANNER_",
+)
 _APP_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _ZK_HOST_PATTERN = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
@@ -32,6 +46,7 @@ class Settings(BaseSettings):
     """Where the services are and what the app's topology is."""
 
     model_config = SettingsConfigDict(env_prefix="HASHQ_", extra="forbid", frozen=True)
+    section: ClassVar[str] = "services and app"  # the heading of its fields in --help
 
     amqp_url: str = Field(
         "amqp://guest:guest@127.0.0.1:5672/",
@@ -46,7 +61,11 @@ class Settings(BaseSettings):
     buckets: int = Field(64, ge=1, le=MAX_BUCKETS, description="number of bucket queues")
     queue_type: Literal["quorum", "classic"] = Field("quorum", description="bucket queue type")
     delivery_limit: int = Field(
-        20, ge=1, le=1000, description="quorum queues: deliveries before a message is dead-lettered"
+        20,
+        ge=1,
+        le=1000,
+        description="quorum queues: times the broker may hand a message out (crashes, closed "
+        "channels) before it dead-letters it; not the handler's retries (max_attempts)",
     )
     management_url: str = Field(
         "http://127.0.0.1:15672",
@@ -59,7 +78,7 @@ class Settings(BaseSettings):
         None, description="client certificate (PEM) for amqps:// and https://"
     )
     tls_key_file: Path | None = Field(
-        None, description="the client certificate's private key (PEM; default: in the cert file)"
+        None, description="the client certificate's private key (PEM); unset: in the cert file"
     )
     connect_timeout: float = Field(10.0, gt=0, le=300, description="seconds to reach a service")
     confirm_timeout: float = Field(
@@ -142,7 +161,7 @@ class Settings(BaseSettings):
     def environment(self) -> dict[str, str]:
         """The ``HASHQ_`` variables that give a child process these same settings."""
         return {
-            f"HASHQ_{name.upper()}": str(value)
+            variable_of(name): str(value)
             for name, value in self.model_dump().items()
             if value is not None
         }
@@ -177,6 +196,8 @@ class Settings(BaseSettings):
 class ServiceSettings(Settings):
     """What a long-running process (worker or coordinator) adds: its HTTP endpoints."""
 
+    section: ClassVar[str] = "metrics and health"
+
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve /metrics, /livez and /readyz here (default off)"
     )
@@ -185,6 +206,8 @@ class ServiceSettings(Settings):
 
 class WorkerSettings(ServiceSettings):
     """A worker's settings: the shared ones plus how it processes messages."""
+
+    section: ClassVar[str] = "worker"
 
     worker_id: str | None = Field(
         None, description="this worker's id (default host-pid-random); unique among live workers"
@@ -207,7 +230,13 @@ class WorkerSettings(ServiceSettings):
         le=3600,
         description="seconds without RabbitMQ before a worker gives its buckets up",
     )
-    max_attempts: int = Field(5, ge=1, le=1000, description="handler attempts per message")
+    max_attempts: int = Field(
+        5,
+        ge=1,
+        le=1000,
+        description="times the handler is tried per message (raising retries it); not the "
+        "broker's delivery_limit",
+    )
     retry_base_delay: float = Field(0.2, gt=0, le=600, description="first retry delay, seconds")
     retry_max_delay: float = Field(30.0, gt=0, le=3600, description="longest retry delay, seconds")
     on_failure: Literal["dead-letter", "block"] = Field(
@@ -223,6 +252,15 @@ class WorkerSettings(ServiceSettings):
     def _check_worker_id(cls, value: str | None) -> str | None:
         return check_identifier(value)
 
+    @model_validator(mode="after")
+    def _check_retry_delays(self) -> WorkerSettings:
+        if self.retry_base_delay > self.retry_max_delay:
+            raise ValueError(
+                f"retry_base_delay ({self.retry_base_delay:g} s) is longer than "
+                f"retry_max_delay ({self.retry_max_delay:g} s)"
+            )
+        return self
+
 
 def default_worker_id() -> str:
     """The id of a worker whose ``worker_id`` is not set: host-pid-random."""
@@ -234,6 +272,30 @@ def check_identifier(value: str | None) -> str | None:
     if value is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", value):
         raise ValueError("must be 1-100 characters of letters, digits, '_', '.', '-'")
     return value
+
+
+def variable_of(name: str) -> str:
+    """The environment variable of setting ``name``."""
+    return f"HASHQ_{name.upper()}"
+
+
+def unknown_variables(environ: Mapping[str, str], kinds: Iterable[type[Settings]]) -> list[str]:
+    """One line for each ``HASHQ_`` variable in ``environ`` that is no setting of any of
+    ``kinds`` (give every command's, so that an environment shared by workers and coordinators
+    draws no warning), with the closest known name if one is close."""
+    known = set(COMMAND_VARIABLES)
+    for kind in kinds:
+        known.update(variable_of(name) for name in kind.model_fields)
+    lines = []
+    for variable in sorted(environ):
+        if not variable.startswith("HASHQ_") or variable in known:
+            continue
+        if variable.startswith(TOOLING_PREFIXES):
+            continue
+        close = difflib.get_close_matches(variable, known, n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        lines.append(f"{variable} is set but is no hashq setting, so it is ignored{hint}")
+    return lines
 
 
 def split_urls(value: str) -> list[str]:
@@ -308,4 +370,4 @@ def _describe(exc: ValidationError) -> str:
         return f"unknown setting {name!r}"
     shown = "" if name in SECRET_FIELDS else f" (got {error.get('input')!r})"
     flag = "--" + name.replace("_", "-")
-    return f"setting {name} (HASHQ_{name.upper()} / {flag}): {message}{shown}"
+    return f"setting {name} ({variable_of(name)} / {flag}): {message}{shown}"

@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from hashq._io.command import logging_from_args, run_command, settings_flags
+from hashq._io.command import add_version, logging_from_args, run_command, settings_flags
 from hashq._io.logs import add_context
 from hashq_coordinator.runtime import Coordinator
 from hashq_coordinator.settings import CoordinatorSettings
@@ -34,9 +34,11 @@ async def serve(settings: CoordinatorSettings, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hashq-coordinator",
+        usage="%(prog)s [options]",
         description="Assign buckets to live workers; hand each over with drain and fence.",
         parents=[settings_flags(CoordinatorSettings)],
     )
+    add_version(parser)
     args = parser.parse_args(argv)
     logging_from_args(args)
     return run_command(serve, args, parser.prog, CoordinatorSettings)

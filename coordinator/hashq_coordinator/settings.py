@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, field_validator
 
 from hashq.settings import ServiceSettings, check_identifier
 
 
 class CoordinatorSettings(ServiceSettings):
+    """A coordinator's settings: the shared ones plus how it moves buckets."""
+
+    section: ClassVar[str] = "coordinator"
+
     coordinator_id: str | None = Field(
         None, description="this coordinator's id in the election (default host-pid-random)"
     )

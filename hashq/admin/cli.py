@@ -9,7 +9,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hashq._io.command import logging_from_args, run_command, settings_flags
+from hashq._io.command import (
+    add_version,
+    logging_from_args,
+    run_command,
+    run_reporting,
+    settings_flags,
+)
 from hashq.admin import commands as admin
 from hashq.settings import Settings
 
@@ -18,22 +24,30 @@ def build_parser() -> argparse.ArgumentParser:
     common = settings_flags()
     parser = argparse.ArgumentParser(
         prog="hashq",
+        usage="%(prog)s [options] COMMAND ...",
         description="Administer a hashq app: topology, publishing, status, dead letters.",
         parents=[common],
     )
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help, parents=[common])
+    def command(name: str, help: str, operands: str = "") -> argparse.ArgumentParser:
+        usage = f"hashq {name} [options]{operands}"  # not every setting's flag, as argparse would
+        return commands.add_parser(name, help=help, usage=usage, parents=[common])
 
     init = command("init", "create the topology, or check the existing one")
     init.set_defaults(func=admin.init)
 
     publish = command(
-        "publish", 'publish JSON lines {"key": ..., "body": ...} from stdin or a file'
+        "publish", 'publish JSON lines {"key": ..., "body": ...} from stdin or a file', " [FILE]"
     )
     publish.add_argument("file", nargs="?", default="-", help="input file ('-' for stdin)")
-    publish.add_argument("--max-in-flight", type=int, default=1000)
+    publish.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=1000,
+        help="messages sent and not yet confirmed, at most (default 1000)",
+    )
     publish.add_argument("--quiet", action="store_true", help="no progress line")
     publish.set_defaults(func=admin.publish)
 
@@ -41,23 +55,29 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     status.set_defaults(func=admin.status)
 
-    digest = command("zk-digest", "the digest id of user:password, for the ZooKeeper ACL settings")
+    # Offline: no settings, so that no variable (set for the other commands) can stop it.
+    digest = commands.add_parser(
+        "zk-digest", help="the digest id of user:password, for the ZooKeeper ACL settings"
+    )
     digest.add_argument("credentials", help="user:password")
-    digest.set_defaults(func=admin.zk_digest)
+    digest.set_defaults(offline=admin.zk_digest)
 
-    dead = command("dead-letters", "list, replay or purge the dead-letter queue")
+    dead = command("dead-letters", "list, replay or purge the dead-letter queue", " ACTION")
     actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="show the dead letters and why", parents=[common])
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        usage = f"hashq dead-letters {name} [options]"
+        return actions.add_parser(name, help=help, usage=usage, parents=[common])
+
+    listing = action("list", "show the dead letters and why")
     listing.add_argument("--json", action="store_true", help="a JSON list, for scripts")
     listing.add_argument("--limit", type=int, default=0, help="show only the first N")
-    replay = actions.add_parser(
-        "replay", help="publish chosen ones to the back of their key's stream", parents=[common]
-    )
+    replay = action("replay", "publish chosen ones to the back of their key's stream")
     replay.add_argument("--id", action="append", help="a message id (repeatable)")
     replay.add_argument("--key", action="append", help="every dead letter of a key (repeatable)")
     replay.add_argument("--reason", action="append", help="e.g. handler-failed (repeatable)")
     replay.add_argument("--all", action="store_true", help="every dead letter")
-    purge = actions.add_parser("purge", help="delete every dead letter", parents=[common])
+    purge = action("purge", "delete every dead letter")
     purge.add_argument("--yes", action="store_true", help="do not ask")
     dead.set_defaults(func=admin.dead_letters)
 
@@ -67,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "offline", None):
+        return run_reporting(lambda: int(args.offline(args)), parser.prog)
     logging_from_args(args)
     return run_command(args.func, args, parser.prog, Settings)
 

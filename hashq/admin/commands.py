@@ -127,7 +127,7 @@ async def _purge(settings: Settings, confirmed: bool) -> int:
     return 0
 
 
-async def zk_digest(settings: Settings, args: argparse.Namespace) -> int:
+def zk_digest(args: argparse.Namespace) -> int:
     """Print ``user:digest`` for ``HASHQ_ZK_ACL_COORDINATORS`` or ``HASHQ_ZK_ACL_WORKERS``."""
     user, colon, password = str(args.credentials).partition(":")
     if not (user and colon):

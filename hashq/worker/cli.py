@@ -10,14 +10,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import inspect
 import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
-from hashq._io.command import EXIT_INTERRUPTED, logging_from_args, run_command, settings_flags
+from hashq._io.command import (
+    EXIT_INTERRUPTED,
+    add_version,
+    logging_from_args,
+    run_command,
+    settings_flags,
+)
 from hashq._io.logs import add_context
 from hashq.errors import ConfigError
 from hashq.message import Handler
@@ -28,23 +37,62 @@ log = logging.getLogger(__name__)
 
 
 def load_handler(spec: str) -> Handler:
-    """The callable named by ``package.module:attribute``."""
+    """The callable named by ``package.module:attribute``, checked before any message: a module
+    that is missing or fails to import, a missing attribute, one that is no callable and one
+    that cannot be called with one message each raise their own ``ConfigError`` line."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"handler {spec!r} is not of the form package.module:function")
+    handler: Any = _import_handler_module(module_name)
+    for part in attribute.split("."):
+        if not hasattr(handler, part):
+            raise ConfigError(f"handler {spec!r}: {module_name!r} has no attribute {part!r}")
+        handler = getattr(handler, part)
+    if not callable(handler):
+        kind = type(handler).__name__
+        raise ConfigError(f"handler {spec!r} is not callable (an object of type {kind})")
+    _check_takes_one_message(spec, handler)
+    result: Handler = handler
+    return result
+
+
+def _import_handler_module(name: str) -> ModuleType:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"handler module {module_name!r} cannot be imported: {exc}") from None
-    handler: Any = module
-    for part in attribute.split("."):
-        handler = getattr(handler, part, None)
-    if not callable(handler):
-        raise ConfigError(f"{spec!r} is not a callable in module {module_name!r}")
-    result: Handler = handler
-    return result
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and f"{name}.".startswith(f"{exc.name}."):
+            raise ConfigError(
+                f"handler module {name!r} not found (in the current directory or sys.path)"
+            ) from None
+        raise ConfigError(
+            f"handler module {name!r} failed to import: it imports {exc.name!r}, not installed"
+        ) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigError(f"handler module {name!r} failed to import: {_raised(exc)}") from None
+
+
+def _raised(exc: Exception) -> str:
+    """``file:line: Type: text`` of an exception raised while importing a module."""
+    if isinstance(exc, SyntaxError):
+        return f"{exc.filename}:{exc.lineno}: SyntaxError: {exc.msg}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    return f"{where}{type(exc).__name__}: {exc}"
+
+
+def _check_takes_one_message(spec: str, handler: Any) -> None:
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # a callable without one (some built-ins): nothing to check
+        return
+    try:
+        signature.bind(object())
+    except TypeError:
+        raise ConfigError(
+            f"handler {spec!r} cannot be called with one message: its signature is {signature}"
+        ) from None
 
 
 async def serve(settings: WorkerSettings, args: argparse.Namespace) -> int:
@@ -70,9 +118,11 @@ async def serve(settings: WorkerSettings, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hashq-worker",
+        usage="%(prog)s [options] package.module:function",
         description="Process the buckets granted to this worker, in order per key.",
         parents=[settings_flags(WorkerSettings)],
     )
+    add_version(parser)
     parser.add_argument("handler", help="the handler, as package.module:function")
     args = parser.parse_args(argv)
     logging_from_args(args)

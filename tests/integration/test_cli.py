@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from urllib.parse import quote
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from hashq._io.management import Management
 from hashq.settings import Settings
 from tests.support.helpers import hashq, open_zk, queue_depths
+from tools.launcher import child_environment
 
 
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
@@ -106,3 +108,18 @@ def test_status_before_init_says_run_init(settings: Settings) -> None:
     done = hashq(settings, "status")
     assert done.returncode == 2
     assert "hashq init" in one_line_error(done)
+
+
+def test_status_whose_reader_went_away_ends_without_a_traceback(settings: Settings) -> None:
+    """``hashq status | head``: the reader closes the pipe before the table is written."""
+    assert hashq(settings, "init").returncode == 0
+    command = [sys.executable, "-m", "hashq.admin.cli", "status"]
+    env = child_environment(settings)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()
+        errors = process.stderr.read()
+        assert process.wait(timeout=60) == 141, errors
+    assert errors == ""

@@ -6,6 +6,8 @@
   (retry, which may duplicate, or give up).
 - ``Undecodable``: one delivered message cannot be handled as it is; it is dead-lettered and
   its key goes on.
+- ``HandlerOutcome`` (``Retry``, ``Reject``): raised by a handler, not by hashq, to have its
+  message tried again after a given delay, or dead-lettered now.
 - ``Superseded``: this process's standing in ZooKeeper ended (its session expired, another
   leader took over); what it held is no longer its own, and it begins again.
 
@@ -90,6 +92,34 @@ class Undecodable(HashqError):
 
 
 # ---------------------------------------------------------------- begin again
+class HandlerOutcome(HashqError):
+    """Raised by a handler, not by hashq: what the worker is to do with the message instead of
+    acknowledging it. Not a failure of the handler's, whose exceptions are retried by the
+    worker's policy."""
+
+
+class Retry(HandlerOutcome):
+    """Raise in a handler to try its message again: after ``after`` seconds, or the worker's
+    backoff if not given. Its key waits meanwhile (the message stays held, so keep ``after``
+    below the broker's ``consumer_timeout``); other keys go on. It spends an attempt, so after
+    ``HASHQ_MAX_ATTEMPTS`` the message is dead-lettered, unless ``HASHQ_ON_FAILURE`` is
+    ``block``."""
+
+    def __init__(self, reason: str = "", *, after: float | None = None) -> None:
+        if after is not None and not 0 <= after <= 86_400:
+            raise ValueError(f"Retry(after={after!r}): seconds from 0 to 86,400")
+        super().__init__(reason or "retry asked for by the handler")
+        self.after = after
+
+
+class Reject(HandlerOutcome):
+    """Raise in a handler to dead-letter its message now, with ``reason``, whatever attempts
+    are left: a message no retry can mend. Its key goes on with the next message."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+
+
 class Superseded(HashqError):
     """Raised when what this process held in ZooKeeper is no longer its own."""
 

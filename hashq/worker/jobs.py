@@ -25,6 +25,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 from hashq._io.logs import key_for_log
+from hashq.errors import Reject, Retry
 from hashq.message import Message
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
@@ -173,15 +174,22 @@ class Outcomes:
         lease.finished(job)
 
     async def failed(self, job: Job, error: Exception) -> None:
-        """The handler raised: retry after the policy's delay, or dead-letter."""
+        """The handler raised: retry after the policy's delay (or the one a ``Retry`` asked
+        for), or dead-letter (at once for a ``Reject``)."""
         lease = job.lease
         self._metrics.failed[lease.bucket] += 1
         job.note_failure()
+        if isinstance(error, Reject):
+            await self.dead_letter(job, "rejected", error)
+            return
         delay = self._policy.next_delay(job.attempt)
-        log.warning(
-            "bucket %d epoch %d: handler failed (attempt %d): %s: %s",
+        asked = isinstance(error, Retry)
+        log.log(
+            logging.INFO if asked else logging.WARNING,
+            "bucket %d epoch %d: handler %s (attempt %d): %s: %s",
             lease.bucket,
             lease.epoch,
+            "asked for a retry" if asked else "failed",
             job.attempt,
             type(error).__name__,
             error,
@@ -190,6 +198,8 @@ class Outcomes:
         if delay is None:
             await self.dead_letter(job, "handler-failed", error)
             return
+        if isinstance(error, Retry) and error.after is not None:
+            delay = error.after
         job.next_attempt()
         self._metrics.retried[lease.bucket] += 1
         self._retry_later(job, delay)

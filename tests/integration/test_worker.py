@@ -9,6 +9,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from hashq._io.management import Management
 from hashq.provision import ensure_topology
@@ -141,6 +142,51 @@ async def test_poison_message_is_dead_lettered_while_other_keys_flow(
     assert "ValueError" in str(headers["x-hashq-traceback"])
     assert headers["x-hashq-key"] == "bad"
     assert "x-hashq-first-failure" in headers and "x-hashq-last-failure" in headers
+
+
+async def test_a_handler_may_ask_for_a_retry_later_or_dead_letter_at_once(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    """``Retry(after=1.5)`` waits 1.5 s, not the worker's backoff (0.05 s at most here), and its
+    key waits with it; ``Reject`` dead-letters on the first attempt of five. Each key keeps its
+    order."""
+    start_worker(
+        "w1",
+        "tests.support.handlers:outcomes",
+        HASHQ_MAX_ATTEMPTS="5",
+        HASHQ_RETRY_BASE_DELAY="0.01",
+        HASHQ_RETRY_MAX_DELAY="0.05",
+    )
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    bodies = [{"seq": 0}, {"seq": 1, "retry_after": 1.5}, {"seq": 2}]
+    await publish(initialized, [Outgoing("later", json.dumps(body).encode()) for body in bodies])
+    bodies = [{"seq": 0, "reject": True}, {"seq": 1}]
+    await publish(initialized, [Outgoing("never", json.dumps(body).encode()) for body in bodies])
+
+    await eventually(lambda: _ok_seqs(record, "later") == [0, 1, 2], 30)
+    await eventually(lambda: _ok_seqs(record, "never") == [1], 30)
+    later = sorted((r for r in read_appended(record) if r["key"] == "later"), key=_start)
+    assert [(r["seq"], r["attempt"], r["outcome"]) for r in later] == [
+        (0, 1, "ok"),
+        (1, 1, "failed"),
+        (1, 2, "ok"),
+        (2, 1, "ok"),
+    ]
+    assert later[2]["start"] - later[1]["end"] >= 1.5
+    never = [r for r in read_appended(record) if r["key"] == "never" and r["seq"] == 0]
+    assert [r["attempt"] for r in never] == [1]
+
+    (dead,) = await take_all(initialized, "hashq.t.dead")
+    assert json.loads(dead.body) == {"seq": 0, "reject": True}
+    assert dead.headers["x-hashq-reason"] == "rejected"
+    assert dead.headers["x-hashq-attempts"] == 1
+    assert dead.headers["x-hashq-error-type"] == "Reject"
+    assert dead.headers["x-hashq-error"] == "hopeless never/0"
+
+
+def _start(record: dict[str, Any]) -> float:
+    return float(record["start"])
 
 
 def _ok_seqs(path: Path, key: str) -> list[int]:

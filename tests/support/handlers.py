@@ -10,6 +10,7 @@ import os
 import random
 import time
 
+from hashq.errors import Reject, Retry
 from hashq.message import Message
 from tools.executions import append_record
 
@@ -48,6 +49,20 @@ async def poison(msg: Message) -> None:
         _record(msg, start, "failed")
         raise ValueError(f"poison message {msg.key}/{json.loads(msg.body)['seq']}")
     await asyncio.sleep(random.uniform(0, 0.002))
+    _record(msg, start, "ok")
+
+
+def outcomes(msg: Message) -> None:
+    """Like ``record`` (a plain function, in a thread), but a body's "retry_after" raises
+    ``Retry(after=...)`` on the first attempt and its "reject" raises ``Reject``."""
+    start = time.time()
+    body = json.loads(msg.body)
+    if "retry_after" in body and msg.attempt == 1:
+        _record(msg, start, "failed")
+        raise Retry("not yet", after=body["retry_after"])
+    if body.get("reject"):
+        _record(msg, start, "failed")
+        raise Reject(f"hopeless {msg.key}/{body['seq']}")
     _record(msg, start, "ok")
 
 

@@ -115,7 +115,7 @@ class Publisher:
         message_id: str | None = None,
     ) -> str:
         """Publish one message; returns its message id once the broker confirmed it."""
-        prepared = _prepare(Outgoing(key, _as_bytes(body), headers or {}, message_id))
+        prepared = prepare(Outgoing(key, _as_bytes(body), headers or {}, message_id))
         try:
             (confirmed,) = await self._publish_prepared([prepared])
         except BatchPublishError as exc:
@@ -146,7 +146,7 @@ class Publisher:
         try:
             for index, message in enumerate(messages):
                 try:
-                    prepared = message if isinstance(message, tuple) else _prepare(message)
+                    prepared = message if isinstance(message, tuple) else prepare(message)
                 except InvalidMessage as exc:
                     key = str(getattr(message, "key", ""))
                     batch.refused(index, PublishError(str(exc), key=key, message_id="-"))
@@ -318,7 +318,7 @@ class Publisher:
             ) from None
 
 
-def _prepare(message: Outgoing) -> Prepared:
+def prepare(message: Outgoing) -> Prepared:
     """What goes on the wire for ``message``, or ``InvalidMessage`` before anything is sent."""
     key = check_key(message.key)
     properties = spec.Basic.Properties(

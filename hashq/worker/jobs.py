@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Calls the function after a delay in seconds: the event loop's call_later, unless a test
+# harness (hashq.testing) runs retries at once.
+Later = Callable[[float, Callable[[], None]], object]
+
 
 class Lease(Protocol):
     """The bucket lease a job was delivered on."""
@@ -141,8 +145,10 @@ class Outcomes:
         metrics: WorkerMetrics,
         dispatch: Callable[[Job], None],
         keys_in_clear: bool = False,
+        later: Later | None = None,
     ) -> None:
         self._policy = policy
+        self._later = later
         self._dead_letters = dead_letters
         self._metrics = metrics
         self._dispatch = dispatch  # hands a job back to the runners
@@ -230,4 +236,4 @@ class Outcomes:
             if job.lease.may_start(job):
                 self._dispatch(job)
 
-        asyncio.get_running_loop().call_later(delay, again)
+        (self._later or asyncio.get_running_loop().call_later)(delay, again)

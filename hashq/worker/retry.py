@@ -9,6 +9,10 @@ from __future__ import annotations
 import enum
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hashq.settings import WorkerSettings
 
 
 class OnFailure(enum.Enum):
@@ -22,6 +26,15 @@ class RetryPolicy:
     base_delay: float = 0.2
     max_delay: float = 30.0
     on_failure: OnFailure = OnFailure.DEAD_LETTER
+
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings) -> RetryPolicy:
+        return cls(
+            max_attempts=settings.max_attempts,
+            base_delay=settings.retry_base_delay,
+            max_delay=settings.retry_max_delay,
+            on_failure=OnFailure(settings.on_failure),
+        )
 
     def next_delay(self, attempt: int, rng: random.Random | None = None) -> float | None:
         """Seconds to wait before attempt ``attempt + 1`` after attempt ``attempt`` (from 1)

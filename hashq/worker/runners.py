@@ -33,7 +33,7 @@ from typing import Any
 from hashq.errors import Undecodable
 from hashq.message import Handler, Message
 from hashq.worker.dead_letter import DeadLetters
-from hashq.worker.jobs import Job, Outcomes
+from hashq.worker.jobs import Job, Later, Outcomes
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
 
@@ -53,6 +53,7 @@ class Runners:
         metrics: WorkerMetrics,
         awake: Callable[[], bool] = lambda: True,
         keys_in_clear: bool = False,
+        later: Later | None = None,
     ) -> None:
         self._handler = handler
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
@@ -62,7 +63,9 @@ class Runners:
         self._codec = codec
         self._awake = awake
         self._metrics = metrics
-        self._outcomes = Outcomes(policy, dead_letters, metrics, self.dispatch, keys_in_clear)
+        self._outcomes = Outcomes(
+            policy, dead_letters, metrics, self.dispatch, keys_in_clear, later
+        )
         self._ready: asyncio.Queue[Job] = asyncio.Queue()
         self._may_start = asyncio.Event()
         self._may_start.set()

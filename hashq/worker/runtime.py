@@ -33,7 +33,7 @@ from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
 from hashq.worker.metrics import WorkerMetrics
-from hashq.worker.retry import OnFailure, RetryPolicy
+from hashq.worker.retry import RetryPolicy
 from hashq.worker.runners import Runners
 from hashq.worker.session import Membership
 from hashq.worker.starvation import StarvationWatch
@@ -372,12 +372,7 @@ class Worker:
             self._handler,
             concurrency=self.settings.concurrency,
             threads=self.settings.threads,
-            policy=RetryPolicy(
-                max_attempts=self.settings.max_attempts,
-                base_delay=self.settings.retry_base_delay,
-                max_delay=self.settings.retry_max_delay,
-                on_failure=OnFailure(self.settings.on_failure),
-            ),
+            policy=RetryPolicy.from_settings(self.settings),
             dead_letters=self._dead_letters,
             codec=self.settings.codec,
             metrics=self.metrics,

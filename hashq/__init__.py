@@ -20,6 +20,7 @@ from hashq.message import Handler, Message
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings, WorkerSettings, load_settings
+from hashq.sync_publisher import SyncPublisher
 from hashq.topology import Topology
 from hashq.worker.runtime import Worker, WorkerState
 
@@ -43,6 +44,7 @@ __all__ = [
     "ServiceUnavailable",
     "Settings",
     "SettingsError",
+    "SyncPublisher",
     "Topology",
     "TopologyMismatch",
     "Undecodable",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import pytest
@@ -22,6 +24,7 @@ from hashq.errors import (
 from hashq.provision import ensure_topology, ring_exists
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
+from hashq.sync_publisher import SyncPublisher
 from hashq.topology import Topology
 from tests.support.helpers import close_connection_named, key_buckets, wait_for_connection
 from tests.support.services import Endpoints
@@ -267,3 +270,44 @@ async def test_connection_dropped_mid_batch(initialized: Settings, management: M
     await publisher.publish("after", b"x", message_id="after")
     await publisher.close()
     assert "after" in await key_buckets(initialized)
+
+
+def test_the_synchronous_publisher_keeps_each_thread_s_order_across_threads(
+    initialized: Settings,
+) -> None:
+    """Eight threads, no event loop of their own, one publisher: each thread's key in the
+    order that thread published it (a test function without async, as Django code is)."""
+    with SyncPublisher(initialized) as publisher:
+
+        def publish_in_order(thread: int) -> list[str]:
+            return [publisher.publish(f"thread-{thread}", f"{n}") for n in range(100)]
+
+        with ThreadPoolExecutor(8) as pool:
+            ids = [id_ for batch in pool.map(publish_in_order, range(8)) for id_ in batch]
+        assert len(set(ids)) == 800
+        assert len(publisher.publish_many(Outgoing("batch", b"x") for _ in range(50))) == 50
+    per_key: dict[str, list[int]] = {}
+    for name in Topology.from_settings(initialized).bucket_queues():
+        for message in asyncio.run(take_all(initialized, name)):
+            if message.routing_key != "batch":
+                per_key.setdefault(str(message.routing_key), []).append(int(message.body))
+    assert per_key == {f"thread-{thread}": list(range(100)) for thread in range(8)}
+
+
+def test_the_synchronous_publisher_raises_what_the_async_one_raises(
+    settings: Settings, classic: Settings, management: Management
+) -> None:
+    unknown = SyncPublisher(settings.model_copy(update={"app": "never-initialized"}))
+    try:
+        with pytest.raises(TopologyMismatch, match="hashq init"):
+            unknown.connect()
+    finally:
+        unknown.close()
+    with SyncPublisher(classic) as publisher:
+        with pytest.raises(InvalidMessage, match="key"):
+            publisher.publish("", b"x")
+        _reject_publish_policy(management, r"^hashq\.t\.b")
+        with pytest.raises(MessageNacked, match="refused"):
+            for attempt in range(100):  # a policy reaches the queue asynchronously
+                publisher.publish("probe", b"x", message_id=f"probe-{attempt}")
+                time.sleep(0.1)

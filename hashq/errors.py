@@ -90,6 +90,8 @@ class PublishUnconfirmed(PublishError):
 class Undecodable(HashqError):
     """Raised when a delivered body does not decode with the worker's codec."""
 
+    reason = "undecodable"  # its dead letter's x-hashq-reason
+
 
 # ---------------------------------------------------------------- begin again
 class HandlerOutcome(HashqError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,8 +55,17 @@ class Message:
         return self._cancel_event is not None and self._cancel_event.is_set()
 
 
-Handler = Callable[[Message], Awaitable[None] | None]
+MessageHandler = Callable[[Message], Awaitable[None] | None]
+Handler = MessageHandler | Callable[[Message, Any], Awaitable[None] | None]
 """What a worker runs for each message: an async function (it runs on the worker's event loop
 and is cancelled when its bucket is cut off) or a plain one (it runs in the worker's thread pool
 and should watch ``Message.cancelled``). Returning acknowledges the message; raising retries it
-(``HASHQ_MAX_ATTEMPTS``, ``HASHQ_ON_FAILURE``)."""
+(``HASHQ_MAX_ATTEMPTS``, ``HASHQ_ON_FAILURE``). A second parameter with a type receives the body
+decoded into that type (``hashq.payloads``)."""
+
+
+def is_async(handler: object) -> bool:
+    """Whether ``handler`` is an async function or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - async callable objects too
+    )

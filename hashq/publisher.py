@@ -37,6 +37,7 @@ from hashq.errors import (
     TopologyMismatch,
 )
 from hashq.inflight import InFlight, Prepared
+from hashq.payloads import encode
 from hashq.provision import ensure_ring, ring_exists
 from hashq.settings import Settings
 from hashq.topology import Topology
@@ -49,10 +50,11 @@ RETIRE_INTERVAL = 1.0  # seconds: at most one channel replaced after nacks in th
 
 @dataclass(frozen=True)
 class Outgoing:
-    """One message to publish: the entity key, its body and optional headers and id."""
+    """One message to publish: the entity key, its body (bytes, str, or a value sent as JSON:
+    ``hashq.payloads``) and optional headers and id."""
 
     key: str
-    body: bytes
+    body: Any
     headers: Mapping[str, Any] = field(default_factory=dict)
     message_id: str | None = None
 
@@ -109,13 +111,14 @@ class Publisher:
     async def publish(
         self,
         key: str,
-        body: bytes | str,
+        body: object,
         *,
         headers: Mapping[str, Any] | None = None,
         message_id: str | None = None,
     ) -> str:
-        """Publish one message; returns its message id once the broker confirmed it."""
-        prepared = prepare(Outgoing(key, _as_bytes(body), headers or {}, message_id))
+        """Publish one message; returns its message id once the broker confirmed it. ``body``:
+        bytes, str, or a value sent as JSON (a pydantic model, a dict, ...)."""
+        prepared = prepare(Outgoing(key, body, headers or {}, message_id))
         try:
             (confirmed,) = await self._publish_prepared([prepared])
         except BatchPublishError as exc:
@@ -321,17 +324,11 @@ class Publisher:
 def prepare(message: Outgoing) -> Prepared:
     """What goes on the wire for ``message``, or ``InvalidMessage`` before anything is sent."""
     key = check_key(message.key)
+    body, content_type = encode(message.body)
     properties = spec.Basic.Properties(
         delivery_mode=2,  # persistent
         message_id=message.message_id or f"{random.getrandbits(128):032x}",  # 128 random bits
         headers=dict(message.headers) if message.headers else None,
+        content_type=content_type,
     )
-    return key, _as_bytes(message.body), properties
-
-
-def _as_bytes(body: bytes | str) -> bytes:
-    if isinstance(body, bytes):
-        return body
-    if isinstance(body, str):
-        return body.encode()
-    raise InvalidMessage(f"the body must be bytes or str, not {type(body).__name__}")
+    return key, body, properties

@@ -53,7 +53,7 @@ class SyncPublisher:
     def publish(
         self,
         key: str,
-        body: bytes | str,
+        body: object,
         *,
         headers: Mapping[str, Any] | None = None,
         message_id: str | None = None,

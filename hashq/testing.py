@@ -24,7 +24,7 @@ at once unless ``wait_for_retries`` is set; the delay each one would have waited
 from __future__ import annotations
 
 import asyncio
-import inspect
+import functools
 import threading
 import time
 import zlib
@@ -38,7 +38,7 @@ from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
 from hashq.errors import HashqError
-from hashq.message import Handler, Message
+from hashq.message import Handler, Message, is_async
 from hashq.publisher import Outgoing, prepare
 from hashq.settings import WorkerSettings
 from hashq.topology import Topology
@@ -180,14 +180,13 @@ def _recording(handler: Handler, result: Result) -> Handler:
             running -= 1
             result.executions.append(Execution(message, started, time.monotonic(), error))
 
-    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None)  # noqa: B004 - async callable objects too
-    ):
+    if is_async(handler):
 
-        async def recorded(message: Message) -> None:
+        @functools.wraps(handler)  # its signature, so that a body type it declares is seen
+        async def recorded(message: Message, *payload: Any) -> None:
             started, error = begin(), None
             try:
-                await handler(message)  # type: ignore[misc]
+                await handler(message, *payload)  # type: ignore[misc]
             except BaseException as exc:
                 error = exc
                 raise
@@ -196,10 +195,11 @@ def _recording(handler: Handler, result: Result) -> Handler:
 
         return recorded
 
-    def recorded_in_thread(message: Message) -> None:
+    @functools.wraps(handler)
+    def recorded_in_thread(message: Message, *payload: Any) -> None:
         started, error = begin(), None
         try:
-            handler(message)
+            handler(message, *payload)
         except BaseException as exc:
             error = exc
             raise

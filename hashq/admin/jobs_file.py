@@ -28,15 +28,14 @@ def parse_line(text: str, number: int) -> Outgoing:
         key = check_key(item["key"])
     except InvalidMessage as exc:
         raise InvalidMessage(f"line {number}: {exc}") from None
-    body = item["body"]
-    raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
     headers = item.get("headers") or {}
     if not isinstance(headers, dict):
         raise InvalidMessage(f'line {number}: "headers" must be an object')
     message_id = item.get("message_id")
     if message_id is not None and not isinstance(message_id, str):
         raise InvalidMessage(f'line {number}: "message_id" must be a string')
-    return Outgoing(key=key, body=raw, headers=headers, message_id=message_id)
+    # A str goes as its UTF-8 bytes, any other value as JSON (hashq.payloads.encode).
+    return Outgoing(key=key, body=item["body"], headers=headers, message_id=message_id)
 
 
 def read_messages(stream: IO[str]) -> Iterator[Outgoing]:

@@ -30,6 +30,7 @@ from hashq._io.command import (
 from hashq._io.logs import add_context
 from hashq.errors import ConfigError
 from hashq.message import Handler
+from hashq.payloads import declared_payload
 from hashq.settings import WorkerSettings
 from hashq.worker.runtime import Worker
 
@@ -83,9 +84,13 @@ def _raised(exc: Exception) -> str:
 
 
 def _check_takes_one_message(spec: str, handler: Any) -> None:
+    """A handler is called with a message, or with a message and its body decoded into the
+    type of its second parameter (``hashq.payloads``)."""
     try:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):  # a callable without one (some built-ins): nothing to check
+        return
+    if declared_payload(handler) is not None:  # or ConfigError: a second parameter, no type
         return
     try:
         signature.bind(object())

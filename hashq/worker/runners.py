@@ -28,10 +28,11 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from hashq.errors import Undecodable
-from hashq.message import Handler, Message
+from hashq.message import Handler, Message, MessageHandler, is_async
+from hashq.payloads import declared_payload, with_payload
 from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job, Later, Outcomes
 from hashq.worker.metrics import WorkerMetrics
@@ -55,10 +56,11 @@ class Runners:
         keys_in_clear: bool = False,
         later: Later | None = None,
     ) -> None:
-        self._handler = handler
-        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-            getattr(handler, "__call__", None)  # noqa: B004 - async callable objects too
+        self._payload = declared_payload(handler)  # a body type it declares, if any
+        self._handler: MessageHandler = (
+            with_payload(handler) if self._payload else cast(MessageHandler, handler)
         )
+        self._is_async = is_async(handler)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hashq-handler")
         self._codec = codec
         self._awake = awake
@@ -125,7 +127,7 @@ class Runners:
         try:
             message = self._message(job)
         except Undecodable as exc:
-            await self._outcomes.dead_letter(job, "undecodable", exc)
+            await self._outcomes.dead_letter(job, exc.reason, exc)
             return
         lease.started(job)
         job.running(me, message)  # a closing lease may cut it off now
@@ -211,7 +213,9 @@ class Runners:
         delivery = job.delivery
         properties = delivery.header.properties
         data: Any = None
-        if self._codec == "json":
+        if self._payload is not None:
+            data = self._payload.decode(delivery.body)
+        elif self._codec == "json":
             try:
                 data = json.loads(delivery.body)
             except ValueError as exc:

@@ -13,10 +13,11 @@ from typing import Any
 
 from hashq._io.management import Management
 from hashq.provision import ensure_topology
-from hashq.publisher import Outgoing
+from hashq.publisher import Outgoing, Publisher
 from hashq.records import Registration, incarnation_connections
 from hashq.settings import Settings, WorkerSettings
 from tests.support.grants import Grants
+from tests.support.handlers import Numbered
 from tests.support.helpers import close_connection_named, queue_depths, wait_for_connection
 from tests.support.workers import (
     StartWorker,
@@ -183,6 +184,30 @@ async def test_a_handler_may_ask_for_a_retry_later_or_dead_letter_at_once(
     assert dead.headers["x-hashq-attempts"] == 1
     assert dead.headers["x-hashq-error-type"] == "Reject"
     assert dead.headers["x-hashq-error"] == "hopeless never/0"
+
+
+async def test_a_typed_handler_gets_models_and_an_invalid_body_is_dead_lettered(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    """Models published as values, a typed handler in a real worker: each key in order, the
+    one body that does not validate dead-lettered as invalid, its key going on."""
+    start_worker("w1", "tests.support.handlers:typed")
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    async with Publisher(initialized) as publisher:
+        for n in range(20):
+            await publisher.publish(f"k{n % 4}", Numbered(seq=n // 4, note="x"))
+        await publisher.publish("k0", {"seq": "five"})
+        await publisher.publish("k0", Numbered(seq=5))
+    report = await asyncio.to_thread(
+        wait_for_executions, record, {"k0": 6, "k1": 5, "k2": 5, "k3": 5}, 30
+    )
+    assert report.bugs == []
+    await eventually(lambda: _depth(initialized, "hashq.t.dead"), 30, what="a dead letter")
+    (dead,) = await take_all(initialized, "hashq.t.dead")
+    assert json.loads(dead.body) == {"seq": "five"}
+    assert dead.headers["x-hashq-reason"] == "invalid"
+    assert "seq" in str(dead.headers["x-hashq-error"])
 
 
 def _start(record: dict[str, Any]) -> float:

@@ -10,6 +10,8 @@ import os
 import random
 import time
 
+from pydantic import BaseModel
+
 from hashq.errors import Reject, Retry
 from hashq.message import Message
 from tools.executions import append_record
@@ -64,6 +66,17 @@ def outcomes(msg: Message) -> None:
         _record(msg, start, "failed")
         raise Reject(f"hopeless {msg.key}/{body['seq']}")
     _record(msg, start, "ok")
+
+
+class Numbered(BaseModel):
+    seq: int
+    note: str = ""
+
+
+async def typed(msg: Message, body: Numbered) -> None:
+    """Like ``record``, for a handler that declares its body's type."""
+    assert msg.data is body
+    _record(msg, time.time(), "ok")
 
 
 def record_sync(msg: Message) -> None:

@@ -5,17 +5,13 @@ them by name. And the removal of what such a run created."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from hashq._io.amqp import connect_amqp, connection_name
-from hashq._io.zk import close_zk, connect_zk
 from hashq.settings import Settings
-from hashq.topology import Topology
 from tools import ROOT
 from tools.polling import wait_until
 
@@ -130,30 +126,3 @@ class Fleet:
         wait_until(lambda: not any(c.alive for c in self.processes.values()), within, or_last=True)
         for child in self.processes.values():
             child.stop()
-
-
-async def remove(settings: Settings, queues: list[str], exchanges: list[str], zk_path: str) -> None:
-    """Delete a run's queues, exchanges and ZooKeeper subtree, so that runs do not pile up."""
-    connection = await connect_amqp(settings, connection_name("cleanup"))
-    async with connection:
-        channel = await connection.channel()
-        for queue in queues:
-            await channel.queue_delete(queue)
-        for exchange in exchanges:
-            await channel.exchange_delete(exchange)
-    zk = await asyncio.to_thread(connect_zk, settings, "coordinator")
-    try:
-        await asyncio.to_thread(zk.delete, zk_path, recursive=True)
-    finally:
-        await asyncio.to_thread(close_zk, zk)
-
-
-async def remove_app(settings: Settings) -> None:
-    """Delete a hashq app: its queues, exchanges and ZooKeeper state."""
-    topology = Topology.from_settings(settings)
-    await remove(
-        settings,
-        [*topology.bucket_queues(), topology.dead_letter_queue],
-        [topology.exchange, topology.ring_exchange, topology.dead_letter_exchange],
-        topology.zk_root,
-    )

@@ -1,4 +1,4 @@
-"""``hashq``: the admin command (init, publish, status, dead-letters, zk-digest).
+"""``hashq``: the admin command (init, publish, status, dead-letters, apps delete, zk-digest).
 
 Flags, settings, logging and exit statuses as every command has them: ``hashq._io.command``.
 """
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hashq",
         usage="%(prog)s [options] COMMAND ...",
-        description="Administer a hashq app: topology, publishing, status, dead letters.",
+        description="Administer a hashq app: topology, publishing, status, dead letters, deletion.",
         parents=[common],
     )
     add_version(parser)
@@ -53,7 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = command("status", "show the topology and bucket depths")
     status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    status.add_argument(
+        "--watch",
+        type=_seconds,
+        nargs="?",
+        const=2.0,
+        default=0.0,
+        metavar="SECONDS",
+        help="show it again every SECONDS (2 if not given) until interrupted",
+    )
     status.set_defaults(func=admin.status)
+
+    apps = command("apps", "delete an app once nothing runs on it", " delete")
+    apps_actions = apps.add_subparsers(dest="action", required=True, metavar="ACTION")
+    delete = apps_actions.add_parser(
+        "delete",
+        help="its queues (and their messages), exchanges and ZooKeeper state",
+        usage="hashq apps delete [options]",
+        parents=[common],
+    )
+    delete.add_argument("--yes", action="store_true", help="do not ask")
+    apps.set_defaults(func=admin.apps)
 
     # Offline: no settings, so that no variable (set for the other commands) can stop it.
     digest = commands.add_parser(
@@ -82,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     dead.set_defaults(func=admin.dead_letters)
 
     return parser
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} is not from 0.1 to 3600 seconds")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,7 @@ an exit status."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import sys
@@ -13,12 +14,15 @@ from typing import IO
 from kazoo.security import make_digest_acl_credential
 
 from hashq.admin import dead_letters as dlq
+from hashq.admin.apps import delete_app
 from hashq.admin.jobs_file import Progress, read_messages
 from hashq.admin.status import gather_status, render_table
-from hashq.errors import BatchPublishError, ConfigError, InvalidMessage
+from hashq.errors import BatchPublishError, ConfigError, InvalidMessage, ServiceUnavailable
 from hashq.provision import ensure_topology
 from hashq.publisher import Publisher
 from hashq.settings import Settings
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"  # before each look of status --watch on a terminal
 
 
 async def init(settings: Settings, args: argparse.Namespace) -> int:
@@ -73,12 +77,28 @@ def _open_input(path: str) -> Iterator[IO[str]]:
 
 
 async def status(settings: Settings, args: argparse.Namespace) -> int:
-    state = await gather_status(settings)
-    if args.json:
-        print(json.dumps(state.to_json(), indent=2))
-    else:
-        print(render_table(state))
-    return 0
+    """The status once, or with ``--watch`` every so many seconds until interrupted; a service
+    that does not answer meanwhile is one line, and the watch goes on."""
+    while True:
+        try:
+            state = await gather_status(settings)
+        except ServiceUnavailable as exc:
+            if not args.watch:
+                raise
+            print(f"hashq: {exc}", file=sys.stderr, flush=True)
+        else:
+            text = json.dumps(state.to_json(), indent=2) if args.json else render_table(state)
+            if args.watch and sys.stdout.isatty():
+                print(CLEAR_SCREEN, end="")
+            print(text, flush=True)
+        if not args.watch:
+            return 0
+        await asyncio.sleep(args.watch)
+
+
+async def apps(settings: Settings, args: argparse.Namespace) -> int:
+    """``hashq apps delete``."""
+    return await delete_app(settings, args.yes)
 
 
 async def dead_letters(settings: Settings, args: argparse.Namespace) -> int:

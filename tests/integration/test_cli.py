@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from urllib.parse import quote
 
 import pytest
@@ -123,3 +125,49 @@ def test_status_whose_reader_went_away_ends_without_a_traceback(settings: Settin
         errors = process.stderr.read()
         assert process.wait(timeout=60) == 141, errors
     assert errors == ""
+
+
+def test_an_app_is_deleted_only_once_nothing_runs_on_it_and_its_user_says_yes(
+    settings: Settings, management: Management
+) -> None:
+    assert hashq(settings, "init").returncode == 0
+    lines = "\n".join(json.dumps({"key": f"k{n}", "body": n}) for n in range(5))
+    assert hashq(settings, "publish", "--quiet", stdin=lines).returncode == 0
+    zk = open_zk(settings.zk_hosts)
+    try:
+        zk.create(f"/hashq/{settings.app}/workers/w-running", b"{}", ephemeral=True)
+        refused = hashq(settings, "apps", "delete", "--yes")
+        assert refused.returncode == 2
+        assert "worker w-running running: stop them first" in one_line_error(refused)
+    finally:
+        zk.stop()
+        zk.close()
+    asked = hashq(settings, "apps", "delete", stdin="no\n")
+    assert asked.returncode == 1
+    assert "5 messages" in asked.stderr and "nothing deleted" in asked.stderr
+    assert hashq(settings, "status").returncode == 0
+
+    done = hashq(settings, "apps", "delete", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert management.request("GET", f"/api/queues/{quote(settings.vhost, safe='')}") == []
+    gone = hashq(settings, "status")
+    assert gone.returncode == 2
+    assert "hashq init" in one_line_error(gone)
+
+
+def test_status_watch_shows_it_again_until_interrupted(settings: Settings) -> None:
+    assert hashq(settings, "init").returncode == 0
+    command = [sys.executable, "-m", "hashq.admin.cli", "status", "--watch", "0.2"]
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_environment(settings),
+    ) as process:
+        time.sleep(3)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert out.count("0 messages queued") >= 3
+    assert "Traceback" not in err

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from hashq.admin.apps import remove_app
 from hashq.admin.status import gather_status
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
@@ -20,7 +21,7 @@ from tools.bench.figures import Line, consumed, read_stats
 from tools.bench.probe import stamp
 from tools.bench.raw import publish_raw
 from tools.executions import parse_complete_lines
-from tools.launcher import Fleet, remove_app
+from tools.launcher import Fleet
 from tools.polling import eventually
 
 BATCH = 1000

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from hashq.admin.apps import remove, remove_app
 from hashq.provision import ensure_topology
 from hashq.settings import Settings
 from hashq.topology import Topology
 from tools.chaos import naive
-from tools.launcher import remove, remove_app
 from tools.queues import take_all
 
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from hashq._io.command import logging_from_args, run_command, settings_flags
+from hashq.admin.apps import remove_app
 from hashq.admin.status import gather_status
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
@@ -29,7 +30,7 @@ from hashq.settings import Settings
 from tools import say
 from tools.checker import check
 from tools.executions import Growing
-from tools.launcher import Fleet, remove_app
+from tools.launcher import Fleet
 
 
 def start(fleet: Fleet, name: str) -> None:

@@ -1,0 +1,89 @@
+"""``hashq apps delete``: remove an app from RabbitMQ and ZooKeeper, once nothing runs on it.
+
+It deletes the app's bucket queues, its dead-letter queue, its three exchanges and its
+ZooKeeper subtree. It refuses while a worker or a coordinator of the app is registered (a
+running process would recreate what it uses, or fail on what vanished), and asks first, since
+the messages in the queues go with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+
+from kazoo.exceptions import NoNodeError
+
+from hashq._io.amqp import connect_amqp, connection_name
+from hashq._io.zk import close_zk, connect_zk
+from hashq.admin.status import gather_status
+from hashq.errors import ConfigError
+from hashq.records import Paths
+from hashq.settings import Settings
+from hashq.topology import Topology
+
+
+async def delete_app(settings: Settings, confirmed: bool) -> int:
+    """Delete the app of ``settings`` after saying what goes; 1 if the user did not confirm."""
+    status = await gather_status(settings)  # TopologyMismatch if there is no such app
+    running = await asyncio.to_thread(_running_processes, settings)
+    if running:
+        raise ConfigError(
+            f"app {settings.app!r} still has {', '.join(running)} running: stop them first"
+        )
+    topology = status.topology
+    print(
+        f"app {settings.app!r}: {len(status.buckets)} bucket queues holding "
+        f"{status.total_messages:,} messages, {max(status.dead_letters.messages, 0):,} dead "
+        f"letters, exchange {topology.exchange} and its ring, ZooKeeper {topology.zk_root}",
+        file=sys.stderr,
+    )
+    if not confirmed:
+        print("delete all of it? type 'yes': ", end="", file=sys.stderr, flush=True)
+        if sys.stdin.readline().strip() != "yes":
+            print("nothing deleted", file=sys.stderr)
+            return 1
+    await remove_app(settings)
+    print(f"deleted app {settings.app!r}")
+    return 0
+
+
+def _running_processes(settings: Settings) -> list[str]:
+    """The registered workers and the coordinators in the election, by id."""
+    paths = Paths(settings.app)
+    zk = connect_zk(settings, "coordinator")
+    try:
+        running = []
+        for kind, path in (("worker", paths.workers), ("coordinator", paths.election)):
+            with contextlib.suppress(NoNodeError):
+                running += [f"{kind} {name}" for name in sorted(zk.get_children(path))]
+        return running
+    finally:
+        close_zk(zk)
+
+
+async def remove_app(settings: Settings) -> None:
+    """Delete a hashq app: its queues, exchanges and ZooKeeper state."""
+    topology = Topology.from_settings(settings)
+    await remove(
+        settings,
+        [*topology.bucket_queues(), topology.dead_letter_queue],
+        [topology.exchange, topology.ring_exchange, topology.dead_letter_exchange],
+        topology.zk_root,
+    )
+
+
+async def remove(settings: Settings, queues: list[str], exchanges: list[str], zk_path: str) -> None:
+    """Delete ``queues``, ``exchanges`` and the ZooKeeper subtree ``zk_path``."""
+    connection = await connect_amqp(settings, connection_name("cleanup"))
+    async with connection:
+        channel = await connection.channel()
+        for queue in queues:
+            await channel.queue_delete(queue)
+        for exchange in exchanges:
+            await channel.exchange_delete(exchange)
+    zk = await asyncio.to_thread(connect_zk, settings, "coordinator")
+    try:
+        await asyncio.to_thread(zk.delete, zk_path, recursive=True)
+    finally:
+        await asyncio.to_thread(close_zk, zk)

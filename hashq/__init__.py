@@ -19,6 +19,7 @@ from hashq.errors import (
 from hashq.message import Handler, Message
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
+from hashq.routing import App
 from hashq.settings import Settings, WorkerSettings, load_settings
 from hashq.sync_publisher import SyncPublisher
 from hashq.topology import Topology
@@ -27,6 +28,7 @@ from hashq.worker.runtime import Worker, WorkerState
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "BatchPublishError",
     "ConfigError",
     "Handler",

@@ -39,6 +39,7 @@ from hashq.errors import (
 from hashq.inflight import InFlight, Prepared
 from hashq.payloads import encode
 from hashq.provision import ensure_ring, ring_exists
+from hashq.routing import TYPE_HEADER
 from hashq.settings import Settings
 from hashq.topology import Topology
 
@@ -51,12 +52,13 @@ RETIRE_INTERVAL = 1.0  # seconds: at most one channel replaced after nacks in th
 @dataclass(frozen=True)
 class Outgoing:
     """One message to publish: the entity key, its body (bytes, str, or a value sent as JSON:
-    ``hashq.payloads``) and optional headers and id."""
+    ``hashq.payloads``) and optional headers, id and job type (``hashq.App``)."""
 
     key: str
     body: Any
     headers: Mapping[str, Any] = field(default_factory=dict)
     message_id: str | None = None
+    job_type: str | None = None
 
 
 def check_key(key: object) -> str:
@@ -115,10 +117,12 @@ class Publisher:
         *,
         headers: Mapping[str, Any] | None = None,
         message_id: str | None = None,
+        job_type: str | None = None,
     ) -> str:
         """Publish one message; returns its message id once the broker confirmed it. ``body``:
-        bytes, str, or a value sent as JSON (a pydantic model, a dict, ...)."""
-        prepared = prepare(Outgoing(key, body, headers or {}, message_id))
+        bytes, str, or a value sent as JSON (a pydantic model, a dict, ...); ``job_type``: the
+        handler of a ``hashq.App`` it is for."""
+        prepared = prepare(Outgoing(key, body, headers or {}, message_id, job_type))
         try:
             (confirmed,) = await self._publish_prepared([prepared])
         except BatchPublishError as exc:
@@ -328,7 +332,14 @@ def prepare(message: Outgoing) -> Prepared:
     properties = spec.Basic.Properties(
         delivery_mode=2,  # persistent
         message_id=message.message_id or f"{random.getrandbits(128):032x}",  # 128 random bits
-        headers=dict(message.headers) if message.headers else None,
+        headers=_headers(message),
         content_type=content_type,
     )
     return key, body, properties
+
+
+def _headers(message: Outgoing) -> dict[str, Any] | None:
+    headers = dict(message.headers)
+    if message.job_type is not None:
+        headers[TYPE_HEADER] = message.job_type
+    return headers or None

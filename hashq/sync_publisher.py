@@ -57,10 +57,13 @@ class SyncPublisher:
         *,
         headers: Mapping[str, Any] | None = None,
         message_id: str | None = None,
+        job_type: str | None = None,
     ) -> str:
         """Publish one message; returns its message id once the broker confirmed it."""
         return self._call(
-            lambda publisher: publisher.publish(key, body, headers=headers, message_id=message_id)
+            lambda publisher: publisher.publish(
+                key, body, headers=headers, message_id=message_id, job_type=job_type
+            )
         )
 
     def publish_many(

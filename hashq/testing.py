@@ -40,6 +40,7 @@ from pamqp.header import ContentHeader
 from hashq.errors import HashqError
 from hashq.message import Handler, Message, is_async
 from hashq.publisher import Outgoing, prepare
+from hashq.routing import App
 from hashq.settings import WorkerSettings
 from hashq.topology import Topology
 from hashq.worker.dead_letter import DeadLetters, failure_headers
@@ -110,7 +111,7 @@ class Result:
 
 
 async def run(
-    handler: Handler,
+    handler: Handler | App,
     messages: Iterable[Outgoing | tuple[str, bytes | str]],
     settings: WorkerSettings | None = None,
     *,
@@ -123,8 +124,13 @@ async def run(
     settings = settings or WorkerSettings()
     result = Result()
     broker = _Broker(settings, result, wait_for_retries)
+
+    def recording(one: Handler) -> Handler:
+        return _recording(one, result)
+
+    recorded = handler.mapped(recording) if isinstance(handler, App) else recording(handler)
     runners = Runners(
-        _recording(handler, result),
+        recorded,
         concurrency=settings.concurrency,
         threads=settings.threads,
         policy=RetryPolicy.from_settings(settings),
@@ -145,7 +151,7 @@ async def run(
 
 
 def run_sync(
-    handler: Handler,
+    handler: Handler | App,
     messages: Iterable[Outgoing | tuple[str, bytes | str]],
     settings: WorkerSettings | None = None,
     **options: Any,

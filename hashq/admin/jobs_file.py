@@ -1,5 +1,6 @@
 """Reading jobs as JSON lines, for ``hashq publish``: one object per line,
-``{"key": "user-1", "body": ..., "headers": {...}, "message_id": "..."}``.
+``{"key": "user-1", "body": ..., "headers": {...}, "message_id": "...", "type": "..."}``
+(``type``: the job type, for a ``hashq.App``).
 
 A string body is sent as its UTF-8 bytes; any other JSON value is sent JSON-encoded.
 """
@@ -34,8 +35,11 @@ def parse_line(text: str, number: int) -> Outgoing:
     message_id = item.get("message_id")
     if message_id is not None and not isinstance(message_id, str):
         raise InvalidMessage(f'line {number}: "message_id" must be a string')
+    job_type = item.get("type")
+    if job_type is not None and not isinstance(job_type, str):
+        raise InvalidMessage(f'line {number}: "type" must be a string')
     # A str goes as its UTF-8 bytes, any other value as JSON (hashq.payloads.encode).
-    return Outgoing(key=key, body=item["body"], headers=headers, message_id=message_id)
+    return Outgoing(key, item["body"], headers, message_id, job_type)
 
 
 def read_messages(stream: IO[str]) -> Iterator[Outgoing]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import inspect
 import logging
 import os
 import signal
@@ -30,17 +29,18 @@ from hashq._io.command import (
 from hashq._io.logs import add_context
 from hashq.errors import ConfigError
 from hashq.message import Handler
-from hashq.payloads import declared_payload
+from hashq.routing import App, check_handler
 from hashq.settings import WorkerSettings
 from hashq.worker.runtime import Worker
 
 log = logging.getLogger(__name__)
 
 
-def load_handler(spec: str) -> Handler:
-    """The callable named by ``package.module:attribute``, checked before any message: a module
-    that is missing or fails to import, a missing attribute, one that is no callable and one
-    that cannot be called with one message each raise their own ``ConfigError`` line."""
+def load_handler(spec: str) -> Handler | App:
+    """The callable (or ``hashq.App``) named by ``package.module:attribute``, checked before
+    any message: a module that is missing or fails to import, a missing attribute, one that is
+    no callable and one that cannot be called with one message each raise their own
+    ``ConfigError`` line."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"handler {spec!r} is not of the form package.module:function")
@@ -49,10 +49,9 @@ def load_handler(spec: str) -> Handler:
         if not hasattr(handler, part):
             raise ConfigError(f"handler {spec!r}: {module_name!r} has no attribute {part!r}")
         handler = getattr(handler, part)
-    if not callable(handler):
-        kind = type(handler).__name__
-        raise ConfigError(f"handler {spec!r} is not callable (an object of type {kind})")
-    _check_takes_one_message(spec, handler)
+    if isinstance(handler, App):
+        return handler  # each of its handlers was checked as it was registered
+    check_handler(spec, handler)
     result: Handler = handler
     return result
 
@@ -81,23 +80,6 @@ def _raised(exc: Exception) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
     return f"{where}{type(exc).__name__}: {exc}"
-
-
-def _check_takes_one_message(spec: str, handler: Any) -> None:
-    """A handler is called with a message, or with a message and its body decoded into the
-    type of its second parameter (``hashq.payloads``)."""
-    try:
-        signature = inspect.signature(handler)
-    except (TypeError, ValueError):  # a callable without one (some built-ins): nothing to check
-        return
-    if declared_payload(handler) is not None:  # or ConfigError: a second parameter, no type
-        return
-    try:
-        signature.bind(object())
-    except TypeError:
-        raise ConfigError(
-            f"handler {spec!r} cannot be called with one message: its signature is {signature}"
-        ) from None
 
 
 async def serve(settings: WorkerSettings, args: argparse.Namespace) -> int:

@@ -179,16 +179,17 @@ class Outcomes:
             )
         lease.finished(job)
 
-    async def failed(self, job: Job, error: Exception) -> None:
-        """The handler raised: retry after the policy's delay (or the one a ``Retry`` asked
-        for), or dead-letter (at once for a ``Reject``)."""
+    async def failed(self, job: Job, error: Exception, policy: RetryPolicy | None = None) -> None:
+        """The handler raised: retry after the policy's delay (``policy``, its handler's own, or
+        the worker's; or the one a ``Retry`` asked for), or dead-letter (at once for a
+        ``Reject``)."""
         lease = job.lease
         self._metrics.failed[lease.bucket] += 1
         job.note_failure()
         if isinstance(error, Reject):
             await self.dead_letter(job, "rejected", error)
             return
-        delay = self._policy.next_delay(job.attempt)
+        delay = (policy or self._policy).next_delay(job.attempt)
         asked = isinstance(error, Retry)
         log.log(
             logging.INFO if asked else logging.WARNING,

@@ -28,11 +28,11 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 from hashq.errors import Undecodable
-from hashq.message import Handler, Message, MessageHandler, is_async
-from hashq.payloads import declared_payload, with_payload
+from hashq.message import Handler, Message, MessageHandler
+from hashq.routing import App, Route, Router
 from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job, Later, Outcomes
 from hashq.worker.metrics import WorkerMetrics
@@ -44,7 +44,7 @@ class Runners:
 
     def __init__(
         self,
-        handler: Handler,
+        handler: Handler | App,
         *,
         concurrency: int,
         threads: int,
@@ -56,11 +56,7 @@ class Runners:
         keys_in_clear: bool = False,
         later: Later | None = None,
     ) -> None:
-        self._payload = declared_payload(handler)  # a body type it declares, if any
-        self._handler: MessageHandler = (
-            with_payload(handler) if self._payload else cast(MessageHandler, handler)
-        )
-        self._is_async = is_async(handler)
+        self._router = Router.of(handler, policy)  # which handler a job takes (hashq.App)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hashq-handler")
         self._codec = codec
         self._awake = awake
@@ -72,7 +68,8 @@ class Runners:
         self._may_start = asyncio.Event()
         self._may_start.set()
         self._closing = False
-        self._concurrency = concurrency if self._is_async else min(concurrency, threads)
+        all_async = self._router.all_async
+        self._concurrency = concurrency if all_async else min(concurrency, threads)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -125,7 +122,7 @@ class Runners:
         if not lease.may_start(job):
             return  # its bucket was closed: the message went back to the queue
         try:
-            message = self._message(job)
+            message, route = self._message(job)
         except Undecodable as exc:
             await self._outcomes.dead_letter(job, exc.reason, exc)
             return
@@ -133,7 +130,7 @@ class Runners:
         job.running(me, message)  # a closing lease may cut it off now
         since = time.perf_counter()
         try:
-            began = await self._call(job, message, deciding)
+            began = await self._call(job, message, route, deciding)
         except asyncio.CancelledError:
             if not job.was_cut_off:
                 raise
@@ -143,7 +140,7 @@ class Runners:
         except Exception as exc:
             job.returned()
             self._metrics.handler_seconds.observe(time.perf_counter() - since)
-            await self._outcomes.failed(job, exc)
+            await self._outcomes.failed(job, exc, route.policy)
             return
         job.returned()
         if not began:
@@ -152,18 +149,18 @@ class Runners:
         self._metrics.handler_seconds.observe(time.perf_counter() - since)
         self._outcomes.settle(job)
 
-    async def _call(self, job: Job, message: Message, deciding: float) -> bool:
+    async def _call(self, job: Job, message: Message, route: Route, deciding: float) -> bool:
         """Call the handler; False if its thread would not begin it (``_in_thread``, which
         checks again and so reads the clock again). ``deciding``: the clock before the
         runner's checks, nothing having yielded to the loop since."""
-        if self._is_async:
+        if route.is_async:
             message.started_at = deciding
-            result = self._handler(message)
+            result = route.call(message)
             assert inspect.isawaitable(result)
             await result
             return True
         message.cancel_event  # noqa: B018 - made here, in the loop's thread, before the thread starts
-        submitted = self._pool.submit(self._in_thread, job, message)
+        submitted = self._pool.submit(self._in_thread, job, message, route.call)
         thread = asyncio.wrap_future(submitted)
         try:
             began: bool = await asyncio.shield(thread)
@@ -173,7 +170,7 @@ class Runners:
             raise
         return began
 
-    def _in_thread(self, job: Job, message: Message) -> bool:
+    def _in_thread(self, job: Job, message: Message, handler: MessageHandler) -> bool:
         """In the handler's thread: call the handler only if the process was not paused since
         the watchdog's last tick, the runners are not paused and the lease still consumes.
         Checked in that order, the reverse of the watchdog's (it pauses, then ticks).
@@ -186,7 +183,7 @@ class Runners:
         if not (self._awake() and self._may_start.is_set() and job.lease.may_start(job)):
             return False
         message.started_at = deciding
-        self._handler(message)
+        handler(message)
         return True
 
     def _not_begun(self, job: Job) -> None:
@@ -209,21 +206,25 @@ class Runners:
                     raise
                 _uncancel()
 
-    def _message(self, job: Job) -> Message:
+    def _message(self, job: Job) -> tuple[Message, Route]:
+        """The message its handler gets, and the route it takes; ``Undecodable`` (or one of its
+        kinds: an unknown job type, a body that does not validate) if it cannot be handled."""
         delivery = job.delivery
         properties = delivery.header.properties
+        headers = dict(properties.headers or {})
+        route = self._router.route(headers)
         data: Any = None
-        if self._payload is not None:
-            data = self._payload.decode(delivery.body)
+        if route.payload is not None:
+            data = route.payload.decode(delivery.body)
         elif self._codec == "json":
             try:
                 data = json.loads(delivery.body)
             except ValueError as exc:
                 raise Undecodable(f"body is not JSON: {exc}") from None
-        return Message(
+        message = Message(
             key=job.key,
             body=delivery.body,
-            headers=dict(properties.headers or {}),
+            headers=headers,
             message_id=properties.message_id,
             bucket=job.lease.bucket,
             epoch=job.lease.epoch,
@@ -231,6 +232,7 @@ class Runners:
             attempt=job.attempt,
             data=data,
         )
+        return message, route
 
 
 def _uncancel() -> None:

@@ -25,6 +25,7 @@ from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
 from hashq.message import Handler
 from hashq.provision import ensure_topology
 from hashq.records import worker_connection_name
+from hashq.routing import App
 from hashq.settings import WorkerSettings, default_worker_id
 from hashq.topology import Topology
 from hashq.worker.bucket_lease import BucketLease, LeaseState
@@ -48,7 +49,12 @@ REMINDER_SECONDS = 30.0
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, handler: Handler) -> None:
+    def __init__(self, settings: WorkerSettings, handler: Handler | App) -> None:
+        if isinstance(handler, App) and handler.name != settings.app:
+            raise ConfigError(
+                f"the handlers are app {handler.name!r}'s, the settings app {settings.app!r}'s: "
+                f"set HASHQ_APP={handler.name}"
+            )
         self.settings = settings
         self.worker_id = settings.worker_id or default_worker_id()
         self.topology = Topology.from_settings(settings)

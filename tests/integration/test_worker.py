@@ -210,6 +210,32 @@ async def test_a_typed_handler_gets_models_and_an_invalid_body_is_dead_lettered(
     assert "seq" in str(dead.headers["x-hashq-error"])
 
 
+async def test_an_app_routes_each_job_by_its_type_and_keeps_each_key_s_order(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    """A real worker running ``hashq.App`` (tests.support.handlers:app), jobs of two types for
+    the same keys through the real publisher, and one of a type it does not know."""
+    start_worker("w1", "tests.support.handlers:app")
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    async with Publisher(initialized) as publisher:
+        for n in range(30):
+            key = f"k{n % 3}"
+            if n % 2:
+                await publisher.publish(key, json.dumps({"seq": n // 3}), job_type="plain")
+            else:
+                await publisher.publish(key, Numbered(seq=n // 3), job_type="typed")
+        await publisher.publish("k0", b"{}", job_type="nobody")
+    report = await asyncio.to_thread(
+        wait_for_executions, record, {"k0": 10, "k1": 10, "k2": 10}, 30
+    )
+    assert report.bugs == []
+    await eventually(lambda: _depth(initialized, "hashq.t.dead"), 30, what="a dead letter")
+    (dead,) = await take_all(initialized, "hashq.t.dead")
+    assert dead.headers["x-hashq-reason"] == "unknown-type"
+    assert "'nobody'" in str(dead.headers["x-hashq-error"])
+
+
 def _start(record: dict[str, Any]) -> float:
     return float(record["start"])
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from hashq.errors import Reject, Retry
 from hashq.message import Message
+from hashq.routing import App
 from tools.executions import append_record
 
 
@@ -76,6 +77,19 @@ class Numbered(BaseModel):
 async def typed(msg: Message, body: Numbered) -> None:
     """Like ``record``, for a handler that declares its body's type."""
     assert msg.data is body
+    _record(msg, time.time(), "ok")
+
+
+app = App("t")  # the integration tests' app name (tests/conftest.py)
+
+
+@app.handler("typed")
+async def typed_job(msg: Message, body: Numbered) -> None:
+    _record(msg, time.time(), "ok")
+
+
+@app.handler("plain")
+def plain_job(msg: Message) -> None:
     _record(msg, time.time(), "ok")
 
 

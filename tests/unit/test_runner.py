@@ -15,6 +15,7 @@ from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
 from hashq.message import Message
+from hashq.routing import Route
 from hashq.settings import Settings
 from hashq.topology import Topology
 from hashq.worker.dead_letter import DeadLetters
@@ -36,7 +37,8 @@ async def test_a_thread_handler_cut_off_twice_is_waited_for_until_it_returns() -
 
     runners = _runners(handler, concurrency=1, threads=1)
     message = Message("k", b"", {}, "m", bucket=0, epoch=1, redelivered=False, attempt=1)
-    call = asyncio.ensure_future(runners._call(_job(_Lease(), 1), message, time.monotonic()))
+    route = Route.of(handler)
+    call = asyncio.ensure_future(runners._call(_job(_Lease(), 1), message, route, time.monotonic()))
     await asyncio.sleep(0.1)
     for _ in range(2):  # cut off, and cut off again
         call.cancel()

@@ -51,11 +51,25 @@ def encode(body: object) -> tuple[bytes, str | None]:
 class Payload:
     """The type a handler declares for its body, and how to decode a body into it."""
 
-    def __init__(self, kind: Any) -> None:
+    def __init__(self, kind: Any, parameter: str = "body") -> None:
         self.kind = kind
-        self._adapter: TypeAdapter[Any] = TypeAdapter(kind)
+        try:
+            self._adapter: TypeAdapter[Any] = TypeAdapter(kind)
+        except Exception as exc:  # pydantic cannot validate that type
+            raise ConfigError(
+                f"the handler's parameter {parameter!r} has a type pydantic cannot validate "
+                f"({kind!r}): {type(exc).__name__}"
+            ) from None
 
     def decode(self, body: bytes) -> Any:
+        """The body as the declared type: str and bytes as they were sent (``encode``)."""
+        if self.kind is bytes:
+            return body
+        if self.kind is str:
+            try:
+                return body.decode()
+            except UnicodeDecodeError as exc:
+                raise InvalidPayload(f"not a valid str: not UTF-8 ({exc.reason})") from None
         try:
             return self._adapter.validate_json(body)
         except ValidationError as exc:
@@ -65,6 +79,9 @@ class Payload:
                 f"not a valid {getattr(self.kind, '__name__', self.kind)}: {where}: "
                 f"{first['msg']} ({exc.error_count()} errors)"
             ) from None
+        except Exception as exc:  # a validator of the user's that raised something else
+            name = getattr(self.kind, "__name__", self.kind)
+            raise InvalidPayload(f"not a valid {name}: {type(exc).__name__}: {exc}") from None
 
 
 def declared_payload(handler: object) -> Payload | None:
@@ -78,15 +95,23 @@ def declared_payload(handler: object) -> Payload | None:
     required = [p for p in parameters if p.kind in positional and p.default is p.empty]
     if len(required) != 2:
         return None
-    routine = inspect.isfunction(handler) or inspect.ismethod(handler)
-    hints = typing.get_type_hints(handler if routine else type(handler).__call__)
-    kind = hints.get(required[1].name)
+    target = inspect.unwrap(handler)  # type: ignore[arg-type]  # a wrapper's original
+    routine = inspect.isfunction(target) or inspect.ismethod(target)
+    name = required[1].name
+    try:
+        hints = typing.get_type_hints(target if routine else type(target).__call__)
+    except Exception as exc:  # an annotation that does not resolve (TYPE_CHECKING, local)
+        raise ConfigError(
+            f"the type of the handler's parameter {name!r} cannot be resolved: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    kind = hints.get(name)
     if kind is None:
         raise ConfigError(
-            f"the handler's second parameter {required[1].name!r} has no type: give it the "
+            f"the handler's second parameter {name!r} has no type: give it the "
             "type its body should be decoded into (a pydantic model, say)"
         )
-    return Payload(kind)
+    return Payload(kind, name)
 
 
 def with_payload(handler: Any) -> MessageHandler:

@@ -199,7 +199,7 @@ class ServiceSettings(Settings):
     section: ClassVar[str] = "metrics and health"
 
     metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="serve /metrics, /livez and /readyz here (default off)"
+        None, ge=0, le=65535, description="serve /metrics, /livez and /readyz here (unset: off)"
     )
     metrics_host: str = Field("0.0.0.0", description="the address the metrics port listens on")
 

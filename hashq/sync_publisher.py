@@ -14,16 +14,19 @@ child at the first call there: a connection cannot be shared across a fork.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
-from hashq.errors import ConfigError
+from hashq.errors import ConfigError, PublishUnconfirmed
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 
 T = TypeVar("T")
+CLOSE_CHECK_SECONDS = 1.0  # how often a waiting call looks whether close() stopped the loop
 
 
 class SyncPublisher:
@@ -38,6 +41,8 @@ class SyncPublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._publisher: Publisher | None = None
+        forget = weakref.WeakMethod(self._forget_after_fork)
+        os.register_at_fork(after_in_child=lambda: (method := forget()) and method())
 
     def __enter__(self) -> SyncPublisher:
         self.connect()
@@ -79,7 +84,10 @@ class SyncPublisher:
         )
 
     def close(self) -> None:
-        """Close the connection and end the publisher's thread; a later call opens them again."""
+        """Close the connection and end the publisher's thread; a later call opens them again.
+        A call still waiting for its confirm raises ``PublishUnconfirmed``."""
+        if threading.current_thread() is self._thread:
+            raise ConfigError("SyncPublisher closed from its own thread (an on_confirmed?)")
         with self._lock:
             loop, thread, publisher = self._loop, self._thread, self._publisher
             self._loop = self._thread = self._publisher = None
@@ -91,10 +99,22 @@ class SyncPublisher:
             loop.close()
 
     def _call(self, call: Callable[[Publisher], Coroutine[Any, Any, T]]) -> T:
-        loop, publisher = self._running()
         if threading.current_thread() is self._thread:
             raise ConfigError("SyncPublisher called from its own thread (an on_confirmed?)")
-        return asyncio.run_coroutine_threadsafe(call(publisher), loop).result()
+        loop, publisher = self._running()
+        coroutine = call(publisher)
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        except RuntimeError:  # closed by another thread since _running
+            coroutine.close()
+            raise _closed_under_the_call() from None
+        while True:  # a close() in another thread may stop the loop under this call
+            try:
+                return future.result(timeout=CLOSE_CHECK_SECONDS)
+            except concurrent.futures.TimeoutError:
+                if loop.is_closed() or not loop.is_running():
+                    future.cancel()
+                    raise _closed_under_the_call() from None
 
     def _running(self) -> tuple[asyncio.AbstractEventLoop, Publisher]:
         """The loop and the publisher, started in this process if they are not."""
@@ -103,6 +123,11 @@ class SyncPublisher:
                 self._start()
             assert self._loop is not None and self._publisher is not None
             return self._loop, self._publisher
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the parent's loop, thread and lock are not this process's."""
+        self._lock = threading.Lock()
+        self._loop = self._thread = self._publisher = None
 
     def _start(self) -> None:
         loop = asyncio.new_event_loop()
@@ -114,3 +139,12 @@ class SyncPublisher:
 
         self._publisher = asyncio.run_coroutine_threadsafe(make(), loop).result()
         self._loop, self._thread, self._pid = loop, thread, os.getpid()
+
+
+def _closed_under_the_call() -> PublishUnconfirmed:
+    return PublishUnconfirmed(
+        "the publisher was closed before the broker confirmed; the message may or may not be "
+        "queued",
+        key="-",
+        message_id="-",
+    )

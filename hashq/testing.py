@@ -40,7 +40,7 @@ from pamqp.header import ContentHeader
 from hashq.errors import HashqError
 from hashq.message import Handler, Message, is_async
 from hashq.publisher import Outgoing, prepare
-from hashq.routing import App
+from hashq.routing import App, check_handler
 from hashq.settings import WorkerSettings
 from hashq.topology import Topology
 from hashq.worker.dead_letter import DeadLetters, failure_headers
@@ -122,6 +122,8 @@ async def run(
     ``settings`` (default: the defaults) owning every bucket would; return once each one was
     acknowledged or dead-lettered, or raise ``Unfinished`` after ``within`` seconds."""
     settings = settings or WorkerSettings()
+    if not isinstance(handler, App):
+        check_handler("the handler", handler)  # as the worker command does, before any message
     result = Result()
     broker = _Broker(settings, result, wait_for_retries)
 

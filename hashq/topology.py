@@ -26,6 +26,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from hashq import placement
 from hashq.errors import TopologyMismatch
 from hashq.settings import Settings
 
@@ -70,6 +71,10 @@ class Topology:
     @property
     def dead_letter_queue(self) -> str:
         return f"hashq.{self.app}.dead"
+
+    def bucket_of(self, key: str) -> int:
+        """The bucket the ring routes ``key`` to (``hashq.placement``)."""
+        return placement.bucket_of(key, self.buckets)
 
     def bucket_queue(self, index: int) -> str:
         if not 0 <= index < self.buckets:

@@ -1,7 +1,7 @@
 """The one process launcher of the tests and the tools: ``python -m <module> ...`` as a real
 process (so that kill -9, SIGSTOP and SIGTERM are real), with the settings' environment (and
 nothing else of the caller's ``HASHQ_*`` variables) and a log file of its own; a ``Fleet`` of
-them by name. And the removal of what such a run created."""
+them by name. (What such a run created is removed by ``hashq.admin.apps``.)"""
 
 from __future__ import annotations
 

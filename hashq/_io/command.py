@@ -18,7 +18,6 @@ import os
 import sys
 import typing
 from collections.abc import Callable, Coroutine
-from importlib import metadata
 from typing import Any, TypeVar
 
 from pydantic.fields import FieldInfo
@@ -98,12 +97,11 @@ def _flag_help(name: str, info: FieldInfo, choices: list[str]) -> str:
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:
-    """``--version``: the installed distribution's version."""
-    try:
-        installed = metadata.version("hashq")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        installed = "unknown (not installed)"
-    parser.add_argument("--version", action="version", version=f"%(prog)s {installed}")
+    """``--version``: ``hashq.__version__``, the one place it is written (the package's
+    metadata reads it too)."""
+    from hashq import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
 def every_settings_kind() -> list[type[Settings]]:

@@ -26,11 +26,7 @@ from hashq.topology import Topology
 async def delete_app(settings: Settings, confirmed: bool) -> int:
     """Delete the app of ``settings`` after saying what goes; 1 if the user did not confirm."""
     status = await gather_status(settings)  # TopologyMismatch if there is no such app
-    running = await asyncio.to_thread(_running_processes, settings)
-    if running:
-        raise ConfigError(
-            f"app {settings.app!r} still has {', '.join(running)} running: stop them first"
-        )
+    await _refuse_if_running(settings)
     topology = status.topology
     print(
         f"app {settings.app!r}: {len(status.buckets)} bucket queues holding "
@@ -43,20 +39,33 @@ async def delete_app(settings: Settings, confirmed: bool) -> int:
         if sys.stdin.readline().strip() != "yes":
             print("nothing deleted", file=sys.stderr)
             return 1
+        await _refuse_if_running(settings)  # one may have started while we asked
     await remove_app(settings)
     print(f"deleted app {settings.app!r}")
     return 0
 
 
+async def _refuse_if_running(settings: Settings) -> None:
+    running = await asyncio.to_thread(_running_processes, settings)
+    if running:
+        raise ConfigError(
+            f"app {settings.app!r} still has {', '.join(running)} running: stop them first"
+        )
+
+
 def _running_processes(settings: Settings) -> list[str]:
-    """The registered workers and the coordinators in the election, by id."""
+    """The registered workers, by id, and how many coordinators are in the election (its
+    nodes are the lock recipe's, named by no coordinator's id)."""
     paths = Paths(settings.app)
     zk = connect_zk(settings, "coordinator")
     try:
-        running = []
-        for kind, path in (("worker", paths.workers), ("coordinator", paths.election)):
-            with contextlib.suppress(NoNodeError):
-                running += [f"{kind} {name}" for name in sorted(zk.get_children(path))]
+        running, coordinators = [], []
+        with contextlib.suppress(NoNodeError):
+            running = [f"worker {name}" for name in sorted(zk.get_children(paths.workers))]
+        with contextlib.suppress(NoNodeError):
+            coordinators = zk.get_children(paths.election)
+        if coordinators:
+            running.append(f"{len(coordinators)} coordinator(s)")
         return running
     finally:
         close_zk(zk)

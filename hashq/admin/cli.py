@@ -1,4 +1,5 @@
-"""``hashq``: the admin command (init, publish, status, dead-letters, apps delete, zk-digest).
+"""``hashq``: the admin command (init, publish, status, where, dead-letters, apps delete,
+zk-digest).
 
 Flags, settings, logging and exit statuses as every command has them: ``hashq._io.command``.
 """
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="show it again every SECONDS (2 if not given) until interrupted",
     )
     status.set_defaults(func=admin.status)
+
+    where = command("where", "which bucket each key lands in, and who holds it", " KEY...")
+    where.add_argument("keys", nargs="+", metavar="KEY", help="an entity key (routing key)")
+    where.add_argument("--json", action="store_true", help="a JSON list, for scripts")
+    where.set_defaults(func=admin.where)
 
     apps = command("apps", "delete an app once nothing runs on it", " delete")
     apps_actions = apps.add_subparsers(dest="action", required=True, metavar="ACTION")

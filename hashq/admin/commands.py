@@ -16,7 +16,7 @@ from kazoo.security import make_digest_acl_credential
 from hashq.admin import dead_letters as dlq
 from hashq.admin.apps import delete_app
 from hashq.admin.jobs_file import Progress, read_messages
-from hashq.admin.status import gather_status, render_table
+from hashq.admin.status import gather_status, render_table, render_where
 from hashq.errors import BatchPublishError, ConfigError, InvalidMessage, ServiceUnavailable
 from hashq.provision import ensure_topology
 from hashq.publisher import Publisher
@@ -94,6 +94,21 @@ async def status(settings: Settings, args: argparse.Namespace) -> int:
         if not args.watch:
             return 0
         await asyncio.sleep(args.watch)
+
+
+async def where(settings: Settings, args: argparse.Namespace) -> int:
+    """``hashq where KEY...``: which bucket each key lands in, and who holds it now."""
+    state = await gather_status(settings)
+    if args.json:
+        buckets = state.to_json()["buckets"]
+        rows = []
+        for key in args.keys:
+            row = dict(buckets[state.topology.bucket_of(key)])
+            rows.append({"key": key, "bucket": row.pop("index"), **row})
+        print(json.dumps(rows, indent=2))
+    else:
+        print(render_where(state, args.keys))
+    return 0
 
 
 async def apps(settings: Settings, args: argparse.Namespace) -> int:

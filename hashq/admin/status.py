@@ -181,3 +181,19 @@ def _ranges(buckets: list[int]) -> str:
         else:
             parts.append(str(bucket))
     return ",".join(parts) or "-"
+
+
+def render_where(status: AppStatus, keys: list[str]) -> str:
+    """Each key's bucket, its queue and who holds it (``hashq where``)."""
+    lines = []
+    for key in keys:
+        bucket = status.topology.bucket_of(key)
+        record, queue = status.record(bucket), status.buckets[bucket]
+        if record.target:
+            holder = f"moving from {record.owner or '-'} to {record.target}"
+        elif record.owner:
+            holder = f"{record.state.value} to {record.owner} at epoch {record.epoch}"
+        else:
+            holder = record.state.value
+        lines.append(f"{key}: bucket {bucket} ({queue.name}, {queue.messages:,} queued), {holder}")
+    return "\n".join(lines)

@@ -12,12 +12,12 @@ start after its lease was cut off or after a pause that outlived the session (a 
 runner decides to start a job only when its thread is free. Even a free thread runs its job only
 once the loop lets go of the interpreter, and a pause (SIGSTOP) may fall in between; so the
 thread checks again before it calls the handler (``_in_thread``), and a job it refuses goes back.
-An async handler needs no second check: nothing yields to the loop between a runner's check and
-the handler's first line. No check closes the last microseconds before a handler's first line:
-a pause there is what the epoch, the fencing token, is for. ``Message.started_at`` is the clock
-read just before the checks that let a job begin, so a record can tell such a late first line
-from a late start: a pause after that read either shows in the checks (they refuse) or falls in
-that window.
+An async handler is looked at again too, once its body is decoded (a validation of the user's
+type may take long), just before it is called (``_call``): the same look (``_may_begin``). No
+check closes the last microseconds before a handler's first line: a pause there is what the
+epoch, the fencing token, is for. ``Message.started_at`` is the clock read just before that last
+look, so a record can tell such a late first line from a late start: a pause after that read
+either shows in the checks (they refuse) or falls in that window.
 """
 
 from __future__ import annotations
@@ -109,15 +109,14 @@ class Runners:
         while True:
             await self._may_start.wait()
             job = await self._ready.get()
-            deciding = time.monotonic()  # before the checks: see _in_thread
             if not self._awake():
                 self.pause()  # the process was paused: the worker confirms its session first
             if not self._may_start.is_set():
                 self._ready.put_nowait(job)  # paused while we waited: leave it for later
                 continue
-            await self._execute(job, me, deciding)
+            await self._execute(job, me)
 
-    async def _execute(self, job: Job, me: asyncio.Task[None], deciding: float) -> None:
+    async def _execute(self, job: Job, me: asyncio.Task[None]) -> None:
         lease = job.lease
         if not lease.may_start(job):
             return  # its bucket was closed: the message went back to the queue
@@ -130,7 +129,7 @@ class Runners:
         job.running(me, message)  # a closing lease may cut it off now
         since = time.perf_counter()
         try:
-            began = await self._call(job, message, route, deciding)
+            began = await self._call(job, message, route)
         except asyncio.CancelledError:
             if not job.was_cut_off:
                 raise
@@ -149,11 +148,14 @@ class Runners:
         self._metrics.handler_seconds.observe(time.perf_counter() - since)
         self._outcomes.settle(job)
 
-    async def _call(self, job: Job, message: Message, route: Route, deciding: float) -> bool:
-        """Call the handler; False if its thread would not begin it (``_in_thread``, which
-        checks again and so reads the clock again). ``deciding``: the clock before the
-        runner's checks, nothing having yielded to the loop since."""
+    async def _call(self, job: Job, message: Message, route: Route) -> bool:
+        """Call the handler; False if the look just before it begins (``_may_begin``) says no:
+        on the loop for an async handler, after its body was decoded (which may take long), and
+        in its thread for a plain one (``_in_thread``)."""
         if route.is_async:
+            deciding = self._may_begin(job)
+            if deciding is None:
+                return False
             message.started_at = deciding
             result = route.call(message)
             assert inspect.isawaitable(result)
@@ -171,20 +173,28 @@ class Runners:
         return began
 
     def _in_thread(self, job: Job, message: Message, handler: MessageHandler) -> bool:
-        """In the handler's thread: call the handler only if the process was not paused since
-        the watchdog's last tick, the runners are not paused and the lease still consumes.
-        Checked in that order, the reverse of the watchdog's (it pauses, then ticks).
+        """In the handler's thread: call the handler only if ``_may_begin`` says yes there."""
+        deciding = self._may_begin(job)
+        if deciding is None:
+            return False
+        message.started_at = deciding
+        handler(message)
+        return True
+
+    def _may_begin(self, job: Job) -> float | None:
+        """The last look before a handler begins: the clock (its ``Message.started_at``) if the
+        process was not paused since the watchdog's last tick, the runners are not paused and
+        the lease still consumes; None if not. Checked in that order, the reverse of the
+        watchdog's (it pauses, then ticks).
 
         The clock is read before the checks, not after: a stop between them shows in
         ``_awake``, which reads the clock itself. Read after, a stop in between (a thread that
         passed the checks and waits for the interpreter lock) would date the start after the
         stop, after its bucket had gone on elsewhere: a fenced zombie's start seen as stale."""
         deciding = time.monotonic()
-        if not (self._awake() and self._may_start.is_set() and job.lease.may_start(job)):
-            return False
-        message.started_at = deciding
-        handler(message)
-        return True
+        if self._awake() and self._may_start.is_set() and job.lease.may_start(job):
+            return deciding
+        return None
 
     def _not_begun(self, job: Job) -> None:
         """Its thread refused it: it goes back to the ready queue, where a runner sees the pause

@@ -13,6 +13,7 @@ import pytest
 
 from hashq._io.management import Management
 from hashq.settings import Settings
+from hashq.topology import Topology
 from tests.support.helpers import hashq, open_zk, queue_depths
 from tools.launcher import child_environment
 
@@ -171,3 +172,16 @@ def test_status_watch_shows_it_again_until_interrupted(settings: Settings) -> No
     assert process.returncode == 130, err
     assert out.count("0 messages queued") >= 3
     assert "Traceback" not in err
+
+
+def test_where_names_each_key_s_bucket_its_queue_and_holder(settings: Settings) -> None:
+    assert hashq(settings, "init").returncode == 0
+    topology = Topology.from_settings(settings)
+    done = hashq(settings, "where", "user-1", "user-2", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [row["key"] for row in rows] == ["user-1", "user-2"]
+    assert [row["bucket"] for row in rows] == [topology.bucket_of(k) for k in ("user-1", "user-2")]
+    text = hashq(settings, "where", "user-1").stdout
+    bucket = topology.bucket_of("user-1")
+    assert text.startswith(f"user-1: bucket {bucket} ({topology.bucket_queue(bucket)}, 0 queued)")

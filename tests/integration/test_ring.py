@@ -12,6 +12,7 @@ from hashq._io.amqp import connect_amqp
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
+from hashq.topology import Topology
 from tests.support.helpers import key_buckets
 from tests.support.services import Endpoints
 
@@ -37,6 +38,14 @@ async def _raw_publish_is_returned(settings: Settings) -> bool:
         except PublishError:
             return True
     return False
+
+
+async def test_the_client_side_twin_says_where_every_key_lands(initialized: Settings) -> None:
+    """``hashq.placement`` against the real ring: 2,000 keys published, each found in the
+    bucket the twin names (hashq where)."""
+    mapping = await _mapping(initialized)
+    topology = Topology.from_settings(initialized)
+    assert mapping == {key: topology.bucket_of(key) for key in KEYS}
 
 
 async def test_mapping_survives_init_and_broker_restart(

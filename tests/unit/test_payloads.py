@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import pydantic
 import pytest
 from pydantic import BaseModel
 
@@ -101,3 +102,59 @@ def test_the_worker_command_accepts_a_typed_handler_and_refuses_an_untyped_one(
     assert worker_cli.load_handler("typed_handlers:good") is not None
     with pytest.raises(ConfigError, match="has no type"):
         worker_cli.load_handler("typed_handlers:bad")
+
+
+class _Positive(BaseModel):
+    n: int
+
+    @pydantic.field_validator("n")
+    @classmethod
+    def _check(cls, value: int) -> int:
+        if value < 0:
+            raise TypeError("negative")  # not a ValueError: pydantic lets it through
+        return value
+
+
+async def test_a_validator_that_raises_anything_is_an_invalid_body_not_a_stuck_key() -> None:
+    seen: list[int] = []
+
+    async def handle(msg: Message, body: _Positive) -> None:
+        seen.append(body.n)
+
+    result = await run(handle, [("k", '{"n": -1}'), ("k", '{"n": 2}')], within=5)
+    assert seen == [2]
+    assert [dead.reason for dead in result.dead_letters] == ["invalid"]
+    assert "TypeError: negative" in str(result.dead_letters[0].headers["x-hashq-error"])
+
+
+async def test_a_callable_object_a_str_body_and_a_wrapped_function_are_typed_handlers() -> None:
+    got: list[object] = []
+
+    class Handler:
+        async def __call__(self, msg: Message, order: Order) -> None:
+            got.append(order)
+
+    def text(msg: Message, body: str) -> None:
+        got.append(body)
+
+    await run(Handler(), [Outgoing("k", Order(id=1, item="tea"))])
+    await run(text, [Outgoing("k", "héllo, not JSON")])
+    assert got == [Order(id=1, item="tea"), "héllo, not JSON"]
+
+
+def test_an_annotation_that_does_not_resolve_is_one_line_at_start_up(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    (folder / "checked_only.py").write_text(
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from somewhere import Order\n"
+        "async def handle(msg, order: Order): ...\n"
+    )
+    monkeypatch.setattr(sys, "path", [str(folder), *sys.path])
+    with pytest.raises(ConfigError, match="'order' cannot be resolved: NameError"):
+        worker_cli.load_handler("checked_only:handle")

@@ -38,7 +38,7 @@ async def test_a_thread_handler_cut_off_twice_is_waited_for_until_it_returns() -
     runners = _runners(handler, concurrency=1, threads=1)
     message = Message("k", b"", {}, "m", bucket=0, epoch=1, redelivered=False, attempt=1)
     route = Route.of(handler)
-    call = asyncio.ensure_future(runners._call(_job(_Lease(), 1), message, route, time.monotonic()))
+    call = asyncio.ensure_future(runners._call(_job(_Lease(), 1), message, route))
     await asyncio.sleep(0.1)
     for _ in range(2):  # cut off, and cut off again
         call.cancel()
@@ -260,11 +260,19 @@ async def test_a_start_is_dated_before_the_checks_that_let_it_begin(kind: str) -
     async def coroutine(message: Message) -> None:
         plain(message)
 
+    looks: list[float] = []
+
+    def awake() -> bool:  # the pause check, where a stop may land too
+        looks.append(time.monotonic())
+        time.sleep(0.3)
+        return True
+
     lease = _SlowLease()
-    runners = _runners(plain if kind == "thread" else coroutine, concurrency=1, threads=1)
+    handler = plain if kind == "thread" else coroutine
+    runners = _runners(handler, concurrency=1, threads=1, awake=awake)
     runners.start()
     runners.dispatch(_job(lease, 1))
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(2.0)
     [started_at] = seen
-    assert started_at < lease.asked[-1]
+    assert started_at < looks[-1] < lease.asked[-1]  # before the last look's first check
     await runners.close()

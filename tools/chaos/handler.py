@@ -54,10 +54,10 @@ def record_in_thread(msg: Message) -> None:
 
 
 def _hashq_execution(msg: Message, first_line: float) -> dict[str, Any]:
-    """An execution as hashq started it: at ``Message.started_at``, when the worker last
-    checked that the bucket was its own. A pause between that check and the handler's first
-    line (kept as ``first_line``) is a fenced zombie's, not a stale start: the checker judges
-    when the worker decided, as it judges a pause anywhere later in the handler."""
+    """An execution as hashq started it: at ``Message.started_at``, the clock read just before
+    the worker's last look that the bucket was its own. A pause between that look and the
+    handler's first line (kept as ``first_line``) is a fenced zombie's, not a stale start: the
+    checker judges when the worker decided, as it judges a pause anywhere later in the handler."""
     started = _TRUE_OFFSET + msg.started_at if msg.started_at else first_line
     execution = _execution(
         msg.key, msg.body, msg.message_id, msg.bucket, msg.epoch, msg.redelivered, started

@@ -4,18 +4,16 @@ RabbitMQ vhost and its own ZooKeeper root, so tests cannot see each other."""
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from kazoo.client import KazooClient
 
 from hashq._io.management import Management
+from hashq.pytest_plugin import Servers, isolated_vhost, isolated_zk_root
 from hashq.settings import Settings
 from tests.support.grants import Grants
-from tests.support.helpers import open_zk
 from tests.support.services import Endpoints, find_endpoints
 from tests.support.workers import SESSION, StartWorker, WorkerProcess, start_coordinator
 
@@ -38,37 +36,18 @@ def endpoints() -> Iterator[Endpoints]:
 
 @pytest.fixture
 def vhost(endpoints: Endpoints) -> Iterator[str]:
-    """A fresh vhost that the test's user may use, deleted afterwards."""
-    name = f"hashq-test-{uuid.uuid4().hex[:10]}"
-    admin = _admin(endpoints)
-    admin.request("PUT", f"/api/vhosts/{quote(name, safe='')}", {})
-    user = admin_user(endpoints)
-    admin.request(
-        "PUT",
-        f"/api/permissions/{quote(name, safe='')}/{quote(user, safe='')}",
-        {"configure": ".*", "write": ".*", "read": ".*"},
-    )
-    yield name
-    admin.request("DELETE", f"/api/vhosts/{quote(name, safe='')}", missing_ok=True)
+    """A fresh vhost that the test's user may use, deleted afterwards (the fixtures hashq ships
+    for its users' tests do the same: ``hashq.pytest_plugin``)."""
+    servers = Servers(endpoints.amqp_url, endpoints.management_url, endpoints.zk_hosts)
+    with isolated_vhost(servers) as name:
+        yield name
 
 
 @pytest.fixture
 def zk_root(endpoints: Endpoints) -> Iterator[str]:
     """A fresh ZooKeeper path used as chroot, deleted afterwards."""
-    root = f"/hashq-tests/{uuid.uuid4().hex[:10]}"
-    _on_zk(endpoints.zk_hosts, lambda client: client.ensure_path(root))
-    yield root
-    # A new client: the test may have restarted ZooKeeper under the first one.
-    _on_zk(endpoints.zk_hosts, lambda client: client.delete(root, recursive=True))
-
-
-def _on_zk(hosts: str, action: Callable[[KazooClient], object]) -> None:
-    client: KazooClient = open_zk(hosts)
-    try:
-        action(client)
-    finally:
-        client.stop()
-        client.close()
+    with isolated_zk_root(endpoints.zk_hosts) as root:
+        yield root
 
 
 @pytest.fixture
@@ -96,16 +75,6 @@ async def initialized(settings: Settings) -> AsyncIterator[Settings]:
 
     await ensure_topology(settings)
     yield settings
-
-
-def _admin(endpoints: Endpoints) -> Management:
-    return Management(
-        Settings(amqp_url=endpoints.amqp_url, management_url=endpoints.management_url)
-    )
-
-
-def admin_user(endpoints: Endpoints) -> str:
-    return Settings(amqp_url=endpoints.amqp_url).management_credentials[0]
 
 
 @pytest.fixture

@@ -1,0 +1,130 @@
+"""pytest fixtures for testing an app against real RabbitMQ and ZooKeeper (``pip install hashq``
+registers them; no import needed). Each test gets a RabbitMQ vhost and a ZooKeeper root of its
+own, deleted afterwards, so tests cannot see each other. hashq's own tests use the same helpers.
+
+- ``hashq_servers`` (session): where the servers are, from ``HASHQ_TEST_AMQP_URL`` (without a
+  vhost, default ``amqp://guest:guest@127.0.0.1:5672/``), ``HASHQ_TEST_MANAGEMENT_URL`` (default
+  ``http://127.0.0.1:15672``) and ``HASHQ_TEST_ZK_HOSTS`` (default ``127.0.0.1:2181``). If they
+  do not answer, the tests that use them are skipped, or fail under ``CI=true``.
+- ``hashq_settings``: ``WorkerSettings`` for this test's vhost and root (app ``test``, 8 buckets).
+- ``hashq_app``: the same, with the app's topology created (``hashq init``).
+
+For a handler alone, with no servers at all, ``hashq.testing.run`` is faster.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import pytest
+from kazoo.client import KazooClient
+
+from hashq._io.management import Management
+from hashq.provision import ensure_topology
+from hashq.settings import Settings, WorkerSettings
+
+__all__ = ["Servers", "isolated_vhost", "isolated_zk_root", "settings_for"]
+
+
+@dataclass(frozen=True)
+class Servers:
+    """Where the test servers are: an AMQP URL ending in ``/`` (no vhost), the management API,
+    ZooKeeper's hosts (no chroot)."""
+
+    amqp_url: str
+    management_url: str
+    zk_hosts: str
+
+    @classmethod
+    def from_environment(cls) -> Servers:
+        return cls(
+            os.environ.get("HASHQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+            os.environ.get("HASHQ_TEST_MANAGEMENT_URL", "http://127.0.0.1:15672"),
+            os.environ.get("HASHQ_TEST_ZK_HOSTS", "127.0.0.1:2181"),
+        )
+
+    def admin(self) -> Management:
+        return Management(Settings(amqp_url=self.amqp_url, management_url=self.management_url))
+
+
+@contextmanager
+def isolated_vhost(servers: Servers) -> Iterator[str]:
+    """A fresh vhost that the servers' user may use, deleted afterwards."""
+    name = f"hashq-test-{uuid.uuid4().hex[:10]}"
+    admin = servers.admin()
+    path = f"/api/vhosts/{quote(name, safe='')}"
+    admin.request("PUT", path, {})
+    user = Settings(amqp_url=servers.amqp_url).management_credentials[0]
+    admin.request(
+        "PUT",
+        f"/api/permissions/{quote(name, safe='')}/{quote(user, safe='')}",
+        {"configure": ".*", "write": ".*", "read": ".*"},
+    )
+    try:
+        yield name
+    finally:
+        admin.request("DELETE", path, missing_ok=True)
+
+
+@contextmanager
+def isolated_zk_root(zk_hosts: str) -> Iterator[str]:
+    """A fresh ZooKeeper path to use as chroot, deleted afterwards (with a new client: the test
+    may have restarted ZooKeeper under the first)."""
+    root = f"/hashq-tests/{uuid.uuid4().hex[:10]}"
+    _on_zk(zk_hosts, lambda client: client.ensure_path(root))
+    try:
+        yield root
+    finally:
+        _on_zk(zk_hosts, lambda client: client.delete(root, recursive=True))
+
+
+def settings_for(servers: Servers, vhost: str, zk_root: str, **overrides: object) -> WorkerSettings:
+    """Settings that reach the servers at ``vhost`` and ``zk_root`` (app ``test``, 8 buckets)."""
+    given: dict[str, object] = {"app": "test", "buckets": 8, **overrides}
+    return WorkerSettings(
+        amqp_url=servers.amqp_url + quote(vhost, safe=""),
+        management_url=servers.management_url,
+        zk_hosts=servers.zk_hosts + zk_root,
+        **given,  # type: ignore[arg-type]
+    )
+
+
+def _on_zk(hosts: str, action: Callable[[KazooClient], object]) -> None:
+    client = KazooClient(hosts=hosts, timeout=10)
+    client.start(timeout=10)
+    try:
+        action(client)
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def hashq_servers() -> Servers:
+    servers = Servers.from_environment()
+    try:
+        servers.admin().request("GET", "/api/overview")
+        _on_zk(servers.zk_hosts, lambda client: client.get_children("/"))
+    except Exception as exc:  # whatever a server that is not there raises
+        message = f"hashq_servers: RabbitMQ or ZooKeeper does not answer ({exc})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return servers
+
+
+@pytest.fixture
+def hashq_settings(hashq_servers: Servers) -> Iterator[WorkerSettings]:
+    with isolated_vhost(hashq_servers) as vhost, isolated_zk_root(hashq_servers.zk_hosts) as root:
+        yield settings_for(hashq_servers, vhost, root)
+
+
+@pytest.fixture
+async def hashq_app(hashq_settings: WorkerSettings) -> AsyncIterator[WorkerSettings]:
+    await ensure_topology(hashq_settings)
+    yield hashq_settings

@@ -14,7 +14,7 @@ import pytest
 from hashq._io.management import Management
 from hashq.settings import Settings
 from hashq.topology import Topology
-from tests.support.helpers import hashq, open_zk, queue_depths
+from tests.support.helpers import hashq, into_a_closed_pipe, open_zk, queue_depths
 from tools.launcher import child_environment
 
 
@@ -117,14 +117,8 @@ def test_status_whose_reader_went_away_ends_without_a_traceback(settings: Settin
     """``hashq status | head``: the reader closes the pipe before the table is written."""
     assert hashq(settings, "init").returncode == 0
     command = [sys.executable, "-m", "hashq.admin.cli", "status"]
-    env = child_environment(settings)
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    ) as process:
-        assert process.stdout is not None and process.stderr is not None
-        process.stdout.close()
-        errors = process.stderr.read()
-        assert process.wait(timeout=60) == 141, errors
+    status, errors = into_a_closed_pipe(command, env=child_environment(settings))
+    assert status == 141, errors
     assert errors == ""
 
 

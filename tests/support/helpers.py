@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
@@ -83,3 +84,21 @@ async def close_connection_named(management: Management, name: str) -> None:
             await asyncio.to_thread(close_connection, management, connection["name"], "test")
             return
     raise AssertionError(f"connection {name} not found")
+
+
+def into_a_closed_pipe(command: list[str], **popen: Any) -> tuple[int, str]:
+    """Run ``command`` with a standard output that nobody reads (its pipe closed at once, as
+    ``| head`` does once it has enough): its exit status and its standard error."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()
+        errors = process.stderr.read()
+        return process.wait(timeout=60), errors
+
+
+def user_module(folder: Path, monkeypatch: Any, name: str, text: str) -> None:
+    """A module of a user's, ``name``.py in ``folder``, importable for the rest of the test."""
+    (folder / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(folder))

@@ -19,6 +19,7 @@ from hashq.admin import cli as admin_cli
 from hashq.errors import ConfigError, SettingsError
 from hashq.settings import WorkerSettings, load_settings, unknown_variables
 from hashq.worker import cli as worker_cli
+from tests.support.helpers import into_a_closed_pipe, user_module
 from tools import ROOT
 
 
@@ -123,10 +124,6 @@ def test_a_log_level_may_be_given_in_any_case(monkeypatch: pytest.MonkeyPatch) -
         root.setLevel(before)
 
 
-def _module(folder: Path, name: str, text: str) -> None:
-    (folder / f"{name}.py").write_text(text)
-
-
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
@@ -144,17 +141,17 @@ def _module(folder: Path, name: str, text: str) -> None:
 def test_a_handler_that_cannot_be_loaded_says_why_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, expected: str
 ) -> None:
-    _module(tmp_path, "needs", "import no_such_dependency\n")
-    _module(tmp_path, "raises", "x = 1\nx = 1 / 0\n")
-    _module(tmp_path, "broken", "def handle(:\n")
-    _module(
+    user_module(tmp_path, monkeypatch, "needs", "import no_such_dependency\n")
+    user_module(tmp_path, monkeypatch, "raises", "x = 1\nx = 1 / 0\n")
+    user_module(tmp_path, monkeypatch, "broken", "def handle(:\n")
+    user_module(
         tmp_path,
+        monkeypatch,
         "good",
         "number = 1\ndef two(a, b): ...\nclass Handlers:\n    def method(self): ...\n"
         "handlers = Handlers()\nasync def handle(msg): ...\n",
     )
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     with pytest.raises(ConfigError, match=expected) as raised:
         worker_cli.load_handler(spec)
     assert "\n" not in str(raised.value)
@@ -167,11 +164,6 @@ def test_a_short_output_whose_reader_went_away_ends_without_a_traceback() -> Non
     has a table that meets it mid-way)."""
     command = [sys.executable, "-m", "hashq.admin.cli", "zk-digest", "user:secret"]
     buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=buffered
-    ) as process:
-        assert process.stdout is not None and process.stderr is not None
-        process.stdout.close()
-        errors = process.stderr.read()
-        assert process.wait(timeout=60) == 141, errors
+    status, errors = into_a_closed_pipe(command, cwd=ROOT, env=buffered)
+    assert status == 141, errors
     assert errors == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pydantic
 import pytest
@@ -16,6 +17,7 @@ from hashq.payloads import encode
 from hashq.publisher import Outgoing, prepare
 from hashq.testing import run
 from hashq.worker import cli as worker_cli
+from tests.support.helpers import user_module
 
 
 class Order(BaseModel):
@@ -86,19 +88,17 @@ async def test_a_second_parameter_without_a_type_is_refused_before_any_message()
 
 
 def test_the_worker_command_accepts_a_typed_handler_and_refuses_an_untyped_one(
-    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sys
-    from pathlib import Path
-
-    folder = Path(str(tmp_path))
-    (folder / "typed_handlers.py").write_text(
+    user_module(
+        tmp_path,
+        monkeypatch,
+        "typed_handlers",
         "from pydantic import BaseModel\n"
         "class Order(BaseModel):\n    id: int\n"
         "async def good(msg, order: Order): ...\n"
-        "async def bad(msg, order): ...\n"
+        "async def bad(msg, order): ...\n",
     )
-    monkeypatch.setattr(sys, "path", [str(folder), *sys.path])
     assert worker_cli.load_handler("typed_handlers:good") is not None
     with pytest.raises(ConfigError, match="has no type"):
         worker_cli.load_handler("typed_handlers:bad")
@@ -143,18 +143,16 @@ async def test_a_callable_object_a_str_body_and_a_wrapped_function_are_typed_han
 
 
 def test_an_annotation_that_does_not_resolve_is_one_line_at_start_up(
-    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sys
-    from pathlib import Path
-
-    folder = Path(str(tmp_path))
-    (folder / "checked_only.py").write_text(
+    user_module(
+        tmp_path,
+        monkeypatch,
+        "checked_only",
         "from __future__ import annotations\n"
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from somewhere import Order\n"
-        "async def handle(msg, order: Order): ...\n"
+        "async def handle(msg, order: Order): ...\n",
     )
-    monkeypatch.setattr(sys, "path", [str(folder), *sys.path])
     with pytest.raises(ConfigError, match="'order' cannot be resolved: NameError"):
         worker_cli.load_handler("checked_only:handle")

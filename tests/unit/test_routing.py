@@ -18,6 +18,7 @@ from hashq.publisher import Outgoing
 from hashq.settings import WorkerSettings
 from hashq.testing import run
 from hashq.worker import cli as worker_cli
+from tests.support.helpers import user_module
 
 
 class Placed(BaseModel):
@@ -118,10 +119,8 @@ def test_registering_a_type_twice_or_a_handler_that_cannot_take_a_message_is_ref
 def test_a_worker_runs_an_app_only_under_its_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "orders_app.py").write_text(
-        "import hashq\napp = hashq.App('orders')\n@app.handler('x')\nasync def x(msg): ...\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    text = "import hashq\napp = hashq.App('orders')\n@app.handler('x')\nasync def x(msg): ...\n"
+    user_module(tmp_path, monkeypatch, "orders_app", text)
     loaded = worker_cli.load_handler("orders_app:app")
     assert isinstance(loaded, hashq.App)
     with pytest.raises(ConfigError, match="set HASHQ_APP=orders"):

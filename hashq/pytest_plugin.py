@@ -2,10 +2,11 @@
 registers them; no import needed). Each test gets a RabbitMQ vhost and a ZooKeeper root of its
 own, deleted afterwards, so tests cannot see each other. hashq's own tests use the same helpers.
 
-- ``hashq_servers`` (session): where the servers are, from ``HASHQ_TEST_AMQP_URL`` (without a
-  vhost, default ``amqp://guest:guest@127.0.0.1:5672/``), ``HASHQ_TEST_MANAGEMENT_URL`` (default
-  ``http://127.0.0.1:15672``) and ``HASHQ_TEST_ZK_HOSTS`` (default ``127.0.0.1:2181``). If they
-  do not answer, the tests that use them are skipped, or fail under ``CI=true``.
+- ``hashq_servers`` (session): where the servers are: ``HASHQ_TEST_AMQP_URL`` (without a
+  vhost), ``HASHQ_TEST_MANAGEMENT_URL`` and ``HASHQ_TEST_ZK_HOSTS`` if set; else servers on
+  localhost's usual ports if they answer; else RabbitMQ and ZooKeeper started in containers for
+  the session (``pip install 'hashq[testing]'`` and a Docker engine; stopped at the end). With
+  none of these, the tests that use them are skipped, or fail under ``CI=true``.
 - ``hashq_settings``: ``WorkerSettings`` for this test's vhost and root (app ``test``, 8 buckets).
 - ``hashq_app``: the same, with the app's topology created (``hashq init``).
 
@@ -15,10 +16,16 @@ For a handler alone, with no servers at all, ``hashq.testing.run`` is faster.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -28,7 +35,10 @@ from hashq._io.management import Management
 from hashq.provision import ensure_topology
 from hashq.settings import Settings, WorkerSettings
 
-__all__ = ["Servers", "isolated_vhost", "isolated_zk_root", "settings_for"]
+__all__ = ["Servers", "isolated_vhost", "isolated_zk_root", "settings_for", "start_containers"]
+
+RABBIT_IMAGE = "rabbitmq:4.1-management"
+ZK_IMAGE = "zookeeper:3.9"
 
 
 @dataclass(frozen=True)
@@ -104,18 +114,78 @@ def _on_zk(hosts: str, action: Callable[[KazooClient], object]) -> None:
         client.close()
 
 
-@pytest.fixture(scope="session")
-def hashq_servers() -> Servers:
-    servers = Servers.from_environment()
+def answers(servers: Servers) -> str | None:
+    """None if both servers answer, else why not."""
     try:
         servers.admin().request("GET", "/api/overview")
         _on_zk(servers.zk_hosts, lambda client: client.get_children("/"))
     except Exception as exc:  # whatever a server that is not there raises
-        message = f"hashq_servers: RabbitMQ or ZooKeeper does not answer ({exc})"
+        return str(exc)
+    return None
+
+
+def start_containers() -> tuple[Servers, Callable[[], None]] | None:
+    """RabbitMQ (with the plugins hashq needs) and ZooKeeper in containers, and how to stop
+    them; None without testcontainers or a Docker engine."""
+    if not _docker_answers():
+        return None
+    try:
+        from testcontainers.core.container import DockerContainer
+    except ImportError:
+        return None
+    plugins = Path(tempfile.mkdtemp()) / "enabled_plugins"
+    plugins.write_text("[rabbitmq_management,rabbitmq_consistent_hash_exchange].\n")
+    rabbit: Any = (
+        DockerContainer(RABBIT_IMAGE)
+        .with_exposed_ports(5672, 15672)
+        .with_volume_mapping(str(plugins), "/etc/rabbitmq/enabled_plugins")
+    )
+    zookeeper: Any = DockerContainer(ZK_IMAGE).with_exposed_ports(2181)
+    rabbit.start()
+    zookeeper.start()
+    host = rabbit.get_container_host_ip()
+    servers = Servers(
+        f"amqp://guest:guest@{host}:{rabbit.get_exposed_port(5672)}/",
+        f"http://{host}:{rabbit.get_exposed_port(15672)}",
+        f"{zookeeper.get_container_host_ip()}:{zookeeper.get_exposed_port(2181)}",
+    )
+    deadline = time.monotonic() + 120
+    while answers(servers) and time.monotonic() < deadline:  # RabbitMQ takes a while to boot
+        time.sleep(1)
+
+    def stop() -> None:
+        for container in (rabbit, zookeeper):
+            container.stop()
+
+    return servers, stop
+
+
+def _docker_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        done = subprocess.run(["docker", "info"], capture_output=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def hashq_servers() -> Iterator[Servers]:
+    servers = Servers.from_environment()
+    why = answers(servers)
+    started = start_containers() if why and "HASHQ_TEST_AMQP_URL" not in os.environ else None
+    if started is not None:
+        servers, stop = started
+        why = answers(servers)
+    if why:
+        message = f"hashq_servers: RabbitMQ or ZooKeeper does not answer ({why})"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    return servers
+    yield servers
+    if started is not None:
+        stop()
 
 
 @pytest.fixture

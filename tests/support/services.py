@@ -11,20 +11,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from hashq.pytest_plugin import start_containers
 from tools import SERVICES_SCRIPT
 from tools.broker_env import rabbit_eval
-from tools.polling import wait_until
 
 SCRIPT = SERVICES_SCRIPT
-RABBIT_IMAGE = "rabbitmq:4.1-management"
-ZK_IMAGE = "zookeeper:3.9"
 
 
 @dataclass(frozen=True)
@@ -109,59 +104,16 @@ def _script(*args: str) -> str:
 
 
 def from_containers() -> Endpoints | None:
-    if os.environ.get("HASHQ_SERVICES_MODE") == "local" or not _docker_answers():
+    """Containers where a Docker engine answers (``hashq.pytest_plugin``, as users get them)."""
+    if os.environ.get("HASHQ_SERVICES_MODE") == "local":
         return None
-    from testcontainers.core.container import DockerContainer
-
-    plugins = Path(tempfile.mkdtemp()) / "enabled_plugins"
-    plugins.write_text("[rabbitmq_management,rabbitmq_consistent_hash_exchange].\n")
-    rabbit: Any = (
-        DockerContainer(RABBIT_IMAGE)
-        .with_exposed_ports(5672, 15672)
-        .with_volume_mapping(str(plugins), "/etc/rabbitmq/enabled_plugins")
+    started = start_containers()
+    if started is None:
+        return None
+    servers, stop = started
+    return Endpoints(
+        servers.amqp_url, servers.zk_hosts, servers.management_url, "testcontainers", cleanup=stop
     )
-    zookeeper: Any = DockerContainer(ZK_IMAGE).with_exposed_ports(2181)
-    rabbit.start()
-    zookeeper.start()
-    host = rabbit.get_container_host_ip()
-    endpoints = Endpoints(
-        f"amqp://guest:guest@{host}:{rabbit.get_exposed_port(5672)}/",
-        f"{zookeeper.get_container_host_ip()}:{zookeeper.get_exposed_port(2181)}",
-        f"http://{host}:{rabbit.get_exposed_port(15672)}",
-        "testcontainers",
-        cleanup=lambda: _stop_all(rabbit, zookeeper),
-    )
-    _wait_for_management(endpoints.management_url, seconds=120)
-    return endpoints
-
-
-def _stop_all(*containers: Any) -> None:
-    for container in containers:
-        container.stop()
-
-
-def _docker_answers() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    try:
-        done = subprocess.run(["docker", "info"], capture_output=True, timeout=10)
-    except subprocess.TimeoutExpired:
-        return False
-    return done.returncode == 0
-
-
-def _wait_for_management(url: str, seconds: float) -> None:
-    request = urllib.request.Request(f"{url}/api/overview")
-    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")  # guest:guest
-
-    def answers() -> bool:
-        try:
-            with urllib.request.urlopen(request, timeout=3):
-                return True
-        except OSError:
-            return False
-
-    wait_until(answers, seconds, every=1, what=f"the management API at {url}")
 
 
 def find_endpoints() -> Endpoints | None:

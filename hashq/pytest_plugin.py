@@ -15,25 +15,27 @@ For a handler alone, with no servers at all, ``hashq.testing.run`` is faster.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pytest
-from kazoo.client import KazooClient
 
-from hashq._io.management import Management
-from hashq.provision import ensure_topology
-from hashq.settings import Settings, WorkerSettings
+if TYPE_CHECKING:  # imported where used: pytest loads this plugin in every run, tests or not
+    from kazoo.client import KazooClient
+
+    from hashq._io.management import Management
+    from hashq.settings import WorkerSettings
 
 __all__ = ["Servers", "isolated_vhost", "isolated_zk_root", "settings_for", "start_containers"]
 
@@ -59,6 +61,9 @@ class Servers:
         )
 
     def admin(self) -> Management:
+        from hashq._io.management import Management
+        from hashq.settings import Settings
+
         return Management(Settings(amqp_url=self.amqp_url, management_url=self.management_url))
 
 
@@ -69,6 +74,8 @@ def isolated_vhost(servers: Servers) -> Iterator[str]:
     admin = servers.admin()
     path = f"/api/vhosts/{quote(name, safe='')}"
     admin.request("PUT", path, {})
+    from hashq.settings import Settings
+
     user = Settings(amqp_url=servers.amqp_url).management_credentials[0]
     admin.request(
         "PUT",
@@ -95,6 +102,8 @@ def isolated_zk_root(zk_hosts: str) -> Iterator[str]:
 
 def settings_for(servers: Servers, vhost: str, zk_root: str, **overrides: object) -> WorkerSettings:
     """Settings that reach the servers at ``vhost`` and ``zk_root`` (app ``test``, 8 buckets)."""
+    from hashq.settings import WorkerSettings
+
     given: dict[str, object] = {"app": "test", "buckets": 8, **overrides}
     return WorkerSettings(
         amqp_url=servers.amqp_url + quote(vhost, safe=""),
@@ -105,6 +114,8 @@ def settings_for(servers: Servers, vhost: str, zk_root: str, **overrides: object
 
 
 def _on_zk(hosts: str, action: Callable[[KazooClient], object]) -> None:
+    from kazoo.client import KazooClient
+
     client = KazooClient(hosts=hosts, timeout=10)
     client.start(timeout=10)
     try:
@@ -174,18 +185,25 @@ def _docker_answers() -> bool:
 def hashq_servers() -> Iterator[Servers]:
     servers = Servers.from_environment()
     why = answers(servers)
-    started = start_containers() if why and "HASHQ_TEST_AMQP_URL" not in os.environ else None
-    if started is not None:
-        servers, stop = started
-        why = answers(servers)
-    if why:
-        message = f"hashq_servers: RabbitMQ or ZooKeeper does not answer ({why})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    yield servers
-    if started is not None:
-        stop()
+    started = None
+    if why and "HASHQ_TEST_AMQP_URL" not in os.environ:
+        try:
+            started = start_containers()
+        except Exception as exc:  # an image that cannot be pulled, say
+            why = f"{why}; containers did not start: {exc}"
+    try:
+        if started is not None:
+            servers = started[0]
+            why = answers(servers)
+        if why:
+            message = f"hashq_servers: RabbitMQ or ZooKeeper does not answer ({why})"
+            if os.environ.get("CI") == "true":
+                pytest.fail(message)
+            pytest.skip(message)
+        yield servers
+    finally:
+        if started is not None:
+            started[1]()
 
 
 @pytest.fixture
@@ -195,6 +213,10 @@ def hashq_settings(hashq_servers: Servers) -> Iterator[WorkerSettings]:
 
 
 @pytest.fixture
-async def hashq_app(hashq_settings: WorkerSettings) -> AsyncIterator[WorkerSettings]:
-    await ensure_topology(hashq_settings)
-    yield hashq_settings
+def hashq_app(hashq_settings: WorkerSettings) -> WorkerSettings:
+    """A plain fixture (``asyncio.run``), so that it serves sync tests and async ones in any
+    pytest-asyncio mode."""
+    from hashq.provision import ensure_topology
+
+    asyncio.run(ensure_topology(hashq_settings))
+    return hashq_settings

@@ -98,13 +98,18 @@ class App:
         """Register the decorated function for ``job_type`` (None: jobs without a type), with
         retry settings of its own where given (the worker's ``HASHQ_MAX_ATTEMPTS``,
         ``HASHQ_RETRY_BASE_DELAY``, ``HASHQ_RETRY_MAX_DELAY``, ``HASHQ_ON_FAILURE`` otherwise)."""
-        given = {
-            "max_attempts": max_attempts,
-            "base_delay": retry_base_delay,
-            "max_delay": retry_max_delay,
-            "on_failure": None if on_failure is None else OnFailure(on_failure),
-        }
-        overrides = {name: value for name, value in given.items() if value is not None}
+        if job_type is not None and not isinstance(job_type, str):
+            raise ConfigError(
+                f"app {self.name!r}: a job type is a str or None, not {type(job_type).__name__}"
+                " (write @app.handler('type'), with the parentheses)"
+            )
+        overrides = _policy_overrides(
+            f"app {self.name!r} job type {job_type!r}",
+            max_attempts=max_attempts,
+            base_delay=retry_base_delay,
+            max_delay=retry_max_delay,
+            on_failure=on_failure,
+        )
 
         def register(function: H) -> H:
             if job_type in self._handlers:
@@ -121,6 +126,16 @@ class App:
         copy = App(self.name)
         copy._handlers = {kind: (change(h), o) for kind, (h, o) in self._handlers.items()}
         return copy
+
+    def check_runs_as(self, app: str) -> None:
+        """``ConfigError`` unless a worker of app ``app`` can run this one."""
+        if self.name != app:
+            raise ConfigError(
+                f"the handlers are app {self.name!r}'s, the settings app {app!r}'s: "
+                f"set HASHQ_APP={self.name}"
+            )
+        if not self._handlers:
+            raise ConfigError(f"app {self.name!r} has no handlers: register one with @app.handler")
 
     def router(self, policy: RetryPolicy) -> Router:
         routes = {}
@@ -151,6 +166,8 @@ class Router:
         if self._app is None:
             return self._routes[None]
         job_type = headers.get(TYPE_HEADER)
+        if isinstance(job_type, bytes | bytearray):  # a client that sends it as a byte array
+            job_type = bytes(job_type).decode("utf-8", "replace")
         found = self._routes.get(None if job_type is None else str(job_type))
         if found is None:
             known = ", ".join(sorted(repr(kind) for kind in self._routes if kind is not None))
@@ -158,3 +175,21 @@ class Router:
                 f"app {self._app!r} has no handler for job type {job_type!r} (it has {known})"
             )
         return found
+
+
+def _policy_overrides(where: str, **given: Any) -> dict[str, Any]:
+    """A handler's own retry settings, checked as the worker's are (``WorkerSettings``)."""
+    overrides = {name: value for name, value in given.items() if value is not None}
+    try:
+        if "on_failure" in overrides:
+            overrides["on_failure"] = OnFailure(overrides["on_failure"])
+        attempts = overrides.get("max_attempts", 1)
+        base = overrides.get("base_delay", 0.2)
+        ceiling = overrides.get("max_delay", max(base, 30.0))
+        if not (isinstance(attempts, int) and 1 <= attempts <= 1000):
+            raise ValueError(f"max_attempts {attempts!r} is not from 1 to 1000")
+        if not 0 < base <= ceiling <= 3600:
+            raise ValueError(f"retry delays {base!r} and {ceiling!r}: 0 < base <= max <= 3600")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return overrides

@@ -122,7 +122,9 @@ async def run(
     ``settings`` (default: the defaults) owning every bucket would; return once each one was
     acknowledged or dead-lettered, or raise ``Unfinished`` after ``within`` seconds."""
     settings = settings or WorkerSettings()
-    if not isinstance(handler, App):
+    if isinstance(handler, App):
+        handler.check_runs_as(handler.name)  # not its name (nothing is shared here): its handlers
+    else:
         check_handler("the handler", handler)  # as the worker command does, before any message
     result = Result()
     broker = _Broker(settings, result, wait_for_retries)

@@ -27,6 +27,7 @@ from pamqp import commands as spec
 
 from hashq._io.amqp import connect_amqp, connection_name
 from hashq.errors import MessageNacked, PublishUnconfirmed
+from hashq.routing import TYPE_HEADER
 from hashq.settings import Settings
 from hashq.topology import Topology
 
@@ -136,7 +137,11 @@ def _kept(got: DeliveredMessage) -> tuple[bytes, spec.Basic.Properties]:
 
 def _replayed(got: DeliveredMessage) -> tuple[bytes, spec.Basic.Properties]:
     old = got.header.properties
-    headers = {k: v for k, v in (old.headers or {}).items() if not k.startswith(FAILURE_PREFIX)}
+    headers = {  # what the failure added goes; the job's own type (hashq.App) stays
+        k: v
+        for k, v in (old.headers or {}).items()
+        if not k.startswith(FAILURE_PREFIX) or k == TYPE_HEADER
+    }
     before = (old.headers or {}).get(REPLAYED, 0)
     headers[REPLAYED] = (before if isinstance(before, int) else 0) + 1
     properties = spec.Basic.Properties(

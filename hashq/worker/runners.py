@@ -121,10 +121,13 @@ class Runners:
         if not lease.may_start(job):
             return  # its bucket was closed: the message went back to the queue
         try:
-            message, route = self._message(job)
+            message, route = await self._message(job)
         except Undecodable as exc:
-            await self._outcomes.dead_letter(job, exc.reason, exc)
+            if lease.may_start(job):  # else it went back to the queue while it was decoded
+                await self._outcomes.dead_letter(job, exc.reason, exc)
             return
+        if not lease.may_start(job):
+            return  # its bucket was closed while its body was decoded in a thread
         lease.started(job)
         job.running(me, message)  # a closing lease may cut it off now
         since = time.perf_counter()
@@ -216,16 +219,20 @@ class Runners:
                     raise
                 _uncancel()
 
-    def _message(self, job: Job) -> tuple[Message, Route]:
+    async def _message(self, job: Job) -> tuple[Message, Route]:
         """The message its handler gets, and the route it takes; ``Undecodable`` (or one of its
-        kinds: an unknown job type, a body that does not validate) if it cannot be handled."""
+        kinds: an unknown job type, a body that does not validate) if it cannot be handled.
+
+        A body is validated as a declared type in a thread: a user's validators may take long,
+        and a loop held past the pause limit would stop the watchdog's ticks, so that the last
+        look (``_may_begin``) refused the job each time it came back, for ever."""
         delivery = job.delivery
         properties = delivery.header.properties
         headers = dict(properties.headers or {})
         route = self._router.route(headers)
         data: Any = None
         if route.payload is not None:
-            data = route.payload.decode(delivery.body)
+            data = await asyncio.to_thread(route.payload.decode, delivery.body)
         elif self._codec == "json":
             try:
                 data = json.loads(delivery.body)

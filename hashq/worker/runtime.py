@@ -50,11 +50,8 @@ REMINDER_SECONDS = 30.0
 
 class Worker:
     def __init__(self, settings: WorkerSettings, handler: Handler | App) -> None:
-        if isinstance(handler, App) and handler.name != settings.app:
-            raise ConfigError(
-                f"the handlers are app {handler.name!r}'s, the settings app {settings.app!r}'s: "
-                f"set HASHQ_APP={handler.name}"
-            )
+        if isinstance(handler, App):
+            handler.check_runs_as(settings.app)
         self.settings = settings
         self.worker_id = settings.worker_id or default_worker_id()
         self.topology = Topology.from_settings(settings)

@@ -51,7 +51,12 @@ async def dead_lettered(initialized: Settings, tmp_path: Path) -> Settings:
     try:
         async with Publisher(initialized) as publisher:
             await publisher.publish_many(
-                Outgoing(key, json.dumps({"seq": 0, "poison": True}).encode(), message_id=key)
+                Outgoing(
+                    key,
+                    json.dumps({"seq": 0, "poison": True}).encode(),
+                    message_id=key,
+                    job_type="poisoned",  # a replay must keep it (hashq.App routes by it)
+                )
                 for key in POISONED
             )
         await eventually(
@@ -91,7 +96,9 @@ async def test_replay_sends_only_the_chosen_one_to_its_key_and_keeps_the_rest(
     (replayed,) = [m for q in topology.bucket_queues() for m in await take_all(dead_lettered, q)]
     assert replayed.message_id == "bad-2" and replayed.routing_key == "bad-2"
     assert replayed.headers["x-hashq-replayed"] == 1
-    assert not [h for h in replayed.headers if h.startswith("x-hashq-") and h != "x-hashq-replayed"]
+    assert replayed.headers["x-hashq-type"] == "poisoned"
+    ours = {"x-hashq-replayed", "x-hashq-type"}
+    assert not [h for h in replayed.headers if h.startswith("x-hashq-") and h not in ours]
     assert json.loads(replayed.body) == {"seq": 0, "poison": True}
 
 

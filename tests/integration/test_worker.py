@@ -236,6 +236,25 @@ async def test_an_app_routes_each_job_by_its_type_and_keeps_each_key_s_order(
     assert "'nobody'" in str(dead.headers["x-hashq-error"])
 
 
+async def test_a_body_slow_to_validate_does_not_stop_the_watchdog_or_its_key(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    """Each body takes 1 s to validate, past the pause limit of a 2 s session (0.5 s): decoded on
+    the loop, it held the watchdog's ticks, and the last look before the handler refused the job
+    each time it came back (the review of this change). Decoded in a thread, all run in order."""
+    start_worker(
+        "w1",
+        "tests.support.handlers:slow_to_validate",
+        HASHQ_ZK_SESSION_TIMEOUT="2",
+        HASHQ_TEST_SLOW_SECONDS="1",
+    )
+    (worker,) = grants.wait_for_workers(1)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    await publish(initialized, [Outgoing("k", json.dumps({"seq": n}).encode()) for n in range(3)])
+    report = await asyncio.to_thread(wait_for_executions, record, {"k": 3}, 30)
+    assert report.bugs == []
+
+
 def _start(record: dict[str, Any]) -> float:
     return float(record["start"])
 

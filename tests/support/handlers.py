@@ -10,7 +10,7 @@ import os
 import random
 import time
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from hashq.errors import Reject, Retry
 from hashq.message import Message
@@ -77,6 +77,21 @@ class Numbered(BaseModel):
 async def typed(msg: Message, body: Numbered) -> None:
     """Like ``record``, for a handler that declares its body's type."""
     assert msg.data is body
+    _record(msg, time.time(), "ok")
+
+
+class SlowToValidate(BaseModel):
+    seq: int
+
+    @field_validator("seq")
+    @classmethod
+    def _slowly(cls, value: int) -> int:
+        time.sleep(float(os.environ.get("HASHQ_TEST_SLOW_SECONDS", "1")))
+        return value
+
+
+async def slow_to_validate(msg: Message, body: SlowToValidate) -> None:
+    """Like ``record``, for a body whose validation takes HASHQ_TEST_SLOW_SECONDS."""
     _record(msg, time.time(), "ok")
 
 

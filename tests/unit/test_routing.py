@@ -135,3 +135,27 @@ async def test_retries_of_one_type_do_not_hold_up_other_keys() -> None:
     await run(_orders(seen), messages, WorkerSettings(app="orders"), wait_for_retries=True)
     assert {key for key, _, _ in seen} == {f"k{n}" for n in range(20)}
     assert time.monotonic() - began < 5
+
+
+def test_mistakes_in_an_app_are_one_line_before_any_message() -> None:
+    app = hashq.App("orders")
+    with pytest.raises(ConfigError, match="with the parentheses"):
+
+        @app.handler  # type: ignore[arg-type]
+        async def forgot(msg: Message) -> None: ...
+
+    with pytest.raises(ConfigError, match="max_attempts 0 is not from 1 to 1000"):
+        app.handler("a", max_attempts=0)
+    with pytest.raises(ConfigError, match="0 < base <= max"):
+        app.handler("a", retry_base_delay=5, retry_max_delay=1)
+    with pytest.raises(ConfigError, match="'sometimes' is not a valid OnFailure"):
+        app.handler("a", on_failure="sometimes")
+    with pytest.raises(ConfigError, match="has no handlers"):
+        hashq.Worker(WorkerSettings(app="orders"), app)
+
+
+async def test_a_type_sent_as_a_byte_array_is_routed_as_its_text() -> None:
+    seen: list[tuple[str, str, int]] = []
+    headers = {"x-hashq-type": b"order.paid"}  # as a client sending a byte array would
+    await run(_orders(seen), [Outgoing("k", "7", headers=headers)], WorkerSettings(app="orders"))
+    assert seen == [("k", "paid", 7)]

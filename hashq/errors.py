@@ -136,6 +136,11 @@ class Deposed(Superseded):
     session ended: it must stop acting as leader."""
 
 
+class WorkerReturned(Superseded):
+    """Raised when a coordinator's commit was refused, nothing of it written, because a worker
+    it took as crashed changed its registration since it was read (it came back)."""
+
+
 @dataclass(frozen=True)
 class Failure:
     """One message of a batch that was not confirmed."""

@@ -92,6 +92,16 @@ def incarnation_connections(worker_id: str, incarnation: str) -> re.Pattern[str]
     return re.compile(re.escape(f"hashq-worker-{worker_id}-{incarnation}") + r"(-\d+)?")
 
 
+_WORKER_CONNECTION = re.compile(r"hashq-worker-(?P<worker>.+)-(?P<incarnation>[^-]+)-\d+")
+
+
+def parse_worker_connection_name(name: str) -> tuple[str, str] | None:
+    """The (worker id, incarnation) a connection named by ``worker_connection_name`` belongs
+    to; None for any other name (a coordinator's, a publisher's, a protocol-1 worker's)."""
+    match = _WORKER_CONNECTION.fullmatch(name)
+    return (match["worker"], match["incarnation"]) if match else None
+
+
 def release_name(index: int, epoch: int) -> str:
     return f"{index:04d}-{epoch:010d}"
 

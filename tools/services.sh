@@ -101,7 +101,7 @@ rabbit_up() {
     rabbit_config >"$dir/rabbitmq.conf"
     rabbit_env
     rabbit_cookie
-    "$RABBIT_BIN/rabbitmq-plugins" enable --offline rabbitmq_consistent_hash_exchange rabbitmq_management >/dev/null
+    "$RABBIT_BIN/rabbitmq-plugins" enable --offline rabbitmq_consistent_hash_exchange rabbitmq_management rabbitmq_event_exchange >/dev/null
     say "starting rabbitmq on 127.0.0.1:$AMQP_PORT (management $MGMT_PORT)"
     setsid "$RABBIT_BIN/rabbitmq-server" -detached >"$dir/log/start.out" 2>&1
     "$RABBIT_BIN/rabbitmqctl" wait --timeout 120 "$RABBITMQ_PID_FILE" >/dev/null \

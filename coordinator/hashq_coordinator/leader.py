@@ -6,10 +6,15 @@ decides what follows."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
-from hashq.errors import Deposed
+from hashq.errors import Deposed, WorkerReturned
 from hashq_coordinator.machine import events as cm
+from hashq_coordinator.machine.fencebook import Incarnation
 from hashq_coordinator.store import Store
+
+# Whether the broker says a worker incarnation has no connection left.
+Gone = Callable[[str, str], Awaitable[bool]]
 
 
 async def claim(store: Store, me: str) -> cm.Event:
@@ -23,15 +28,19 @@ async def claim(store: Store, me: str) -> cm.Event:
     return cm.Elected(leadership.epoch, version, records, written)
 
 
-async def observe(store: Store) -> cm.Event:
-    """The registrations and the releases."""
+async def observe(store: Store, ask_gone: tuple[Incarnation, ...], gone: Gone) -> cm.Event:
+    """The registrations (with their versions) and the releases; then, only after them, the
+    broker's word on each suspect, so that a worker that takes its liveness queue again after
+    the question has to write its registration after the version read here."""
     try:
         members = await asyncio.to_thread(store.workers)
         releases = await asyncio.to_thread(store.releases)
     except Exception as exc:
         return cm.ObserveFailed(repr(exc))
     workers = {worker: member.registration for worker, member in members.items()}
-    return cm.Observed(workers, releases)
+    versions = {worker: member.version for worker, member in members.items()}
+    said = [incarnation for incarnation in ask_gone if await gone(*incarnation)]
+    return cm.Observed(workers, releases, versions, frozenset(said))
 
 
 async def commit(store: Store, decision: cm.Commit) -> cm.Event:
@@ -46,7 +55,10 @@ async def commit(store: Store, decision: cm.Commit) -> cm.Event:
             decision.known_assignments,
             decision.removed,
             decision.consumed,
+            decision.expelled,
         )
+    except WorkerReturned as exc:
+        return cm.ExpelRefused(str(exc))
     except Deposed as exc:
         return cm.Deposed(str(exc))
     return cm.Committed()

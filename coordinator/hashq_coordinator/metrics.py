@@ -32,6 +32,18 @@ class CoordinatorMetrics:
             "1 while the management API lets this coordinator list and close connections",
             registry=r,
         )
+        self.crash_detection = Gauge(
+            "hashq_coordinator_crash_detection",
+            "1 while this coordinator hears RabbitMQ's connection.closed events (a crashed "
+            "worker's buckets move within the crash grace); 0: only at session expiry",
+            registry=r,
+        )
+        self.expelled = Gauge(
+            "hashq_coordinator_crashes_expelled",
+            "Workers this coordinator expelled as crashed since it started (their AMQP "
+            "connection closed and none came back within the crash grace)",
+            registry=r,
+        )
         self.grants = Counter(
             "hashq_bucket_grants",
             "Buckets granted at a new epoch: first grants and moves",

@@ -29,6 +29,7 @@ from hashq.provision import ensure_topology
 from hashq.records import Paths
 from hashq.topology import Topology
 from hashq_coordinator import leader
+from hashq_coordinator.crashes import CrashFeed
 from hashq_coordinator.election import Election
 from hashq_coordinator.fencing.fencer import Fencer
 from hashq_coordinator.machine import events as cm
@@ -75,8 +76,10 @@ class Coordinator:
             settle=settings.settle,
             drain_timeout=settings.drain_timeout,
             fence_grace=settings.fence_grace,
+            crash_grace=settings.crash_grace,
             book=self.fencer.book,
         )
+        self.crashes = CrashFeed(settings, lambda i: self.post(cm.ConnectionClosed(i)))
         self._measure()
 
     @property
@@ -90,6 +93,8 @@ class Coordinator:
         self.metrics.can_fence.set_function(lambda: 0 if self.fencer.cannot_fence else 1)
         self.metrics.workers.set_function(lambda: len(self.machine.members))
         self.metrics.in_transit.set_function(self.machine.in_transit)
+        self.metrics.crash_detection.set_function(lambda: 1 if self.crashes.listening else 0)
+        self.metrics.expelled.set_function(lambda: self.machine.expelled)
 
     @property
     def zk_connected(self) -> bool:
@@ -128,6 +133,7 @@ class Coordinator:
         helpers = [
             asyncio.ensure_future(self._election.campaign(self._standing_by, self._won)),
             asyncio.ensure_future(self._watch_management()),
+            asyncio.ensure_future(self.crashes.run()),
         ]
         try:
             while not stop.is_set():
@@ -161,11 +167,13 @@ class Coordinator:
 
     async def _do(self, action: cm.Action) -> None:
         if isinstance(action, cm.Observe):
-            self.post(await leader.observe(self._store))
+            self.post(await leader.observe(self._store, action.ask_gone, self.fencer.gone))
         elif isinstance(action, cm.Commit):
             self.post(await leader.commit(self._store, action))
         elif isinstance(action, cm.Fence):
             self.fencer.start_fence(action.incarnation)
+        elif isinstance(action, cm.Wake):
+            self._loop.call_later(action.after, self._tick)
         elif isinstance(action, cm.Resign):
             self.fencer.cancel_all()
         elif isinstance(action, cm.Claim):

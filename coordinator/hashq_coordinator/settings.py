@@ -29,6 +29,18 @@ class CoordinatorSettings(ServiceSettings):
     management_lag: float = Field(
         6.0, ge=0, le=120, description="seconds a new connection may take to show in the API"
     )
+    crash_grace: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="seconds a worker whose AMQP connection closed has to come back before it "
+        "is taken as crashed and its buckets move",
+    )
+    events_vhost: str = Field(
+        "/",
+        description="the vhost of RabbitMQ's event exchange (rabbitmq_event_exchange), where "
+        "crashes are heard; empty: do not listen (crashes then wait for session expiry)",
+    )
 
     @field_validator("coordinator_id")
     @classmethod

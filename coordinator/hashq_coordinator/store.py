@@ -11,9 +11,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+)
 
-from hashq.errors import Deposed
+from hashq.errors import Deposed, WorkerReturned
 from hashq.records import (
     Assignment,
     BucketRecord,
@@ -27,6 +33,7 @@ from hashq.records import (
 @dataclass(frozen=True)
 class Member:
     registration: Registration
+    version: int = 0  # of its node: an expulsion's delete checks it
 
 
 class Store:
@@ -41,8 +48,8 @@ class Store:
         found = {}
         for name in self.zk.get_children(self.paths.workers):
             try:
-                data, _ = self.zk.get(self.paths.worker(name))
-                found[name] = Member(Registration.decode(data))
+                data, stat = self.zk.get(self.paths.worker(name))
+                found[name] = Member(Registration.decode(data), int(stat.version))
             except (NoNodeError, ValueError, TypeError):
                 continue
         return found
@@ -106,13 +113,18 @@ class Store:
         known_assignments: Iterable[str],
         removed_assignments: Iterable[str],
         consumed_releases: Iterable[str],
+        expelled: Mapping[str, int] | None = None,
     ) -> None:
-        """Write a decision atomically, or raise ``Deposed``."""
+        """Write a decision atomically, or raise ``Deposed`` (another leads) or
+        ``WorkerReturned`` (an expelled worker's registration changed: nothing written)."""
         transaction = self.zk.transaction()
         transaction.check(self.paths.leader, leader_version)
         # Gone with the session: a leader whose session expired cannot write, even if kazoo
         # has already reconnected with a new session.
         transaction.check(self._alive, 0)
+        expelled = dict(expelled or {})
+        for worker, version in expelled.items():  # right after the checks: see ``_refused``
+            transaction.delete(self.paths.worker(worker), version=version)
         existing = set(known_records)
         for bucket, record in records.items():
             path = self.paths.bucket(bucket)
@@ -135,6 +147,19 @@ class Store:
             results = transaction.commit()
         except KazooException as exc:
             raise Deposed(f"ZooKeeper refused the leader's write: {type(exc).__name__}") from None
-        failures = [r for r in results if isinstance(r, Exception)]
-        if failures:
-            raise Deposed(f"the leader's write was refused: {type(failures[0]).__name__}")
+        _refused(results, list(expelled))
+
+
+def _refused(results: list[object], expelled: list[str]) -> None:
+    """Raise for a refused transaction: the operation that failed is the one whose result is
+    not ``RolledBackError``. The two checks come first, then one delete per expelled worker."""
+    for index, result in enumerate(results):
+        if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+            if 2 <= index < 2 + len(expelled):
+                raise WorkerReturned(
+                    f"the registration of {expelled[index - 2]} changed since it was read"
+                    f" ({type(result).__name__})"
+                )
+            raise Deposed(f"the leader's write was refused: {type(result).__name__}")
+    if any(isinstance(result, Exception) for result in results):
+        raise Deposed("the leader's write was refused")

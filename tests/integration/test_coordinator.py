@@ -34,7 +34,13 @@ from hashq_coordinator.store import Store
 from tests.support.grants import Grants
 from tests.support.helpers import hashq, open_zk
 from tests.support.services import Endpoints
-from tests.support.workers import SESSION, WorkerProcess, read_appended, wait_for_executions
+from tests.support.workers import (
+    SESSION,
+    WorkerProcess,
+    read_appended,
+    two_busy_workers,
+    wait_for_executions,
+)
 from tests.support.workload import publish, workload
 from tools.polling import eventually
 
@@ -126,32 +132,10 @@ async def test_a_worker_joining_under_load(
         assert starts and max(gaps, default=0) < 0.5, (bucket, max(gaps, default=0))
 
 
-async def _two_busy_workers(
-    settings: Settings,
-    cluster: Callable[..., WorkerProcess],
-    record: Path,
-    zk_view: Grants,
-    keys: int,
-    executed: int,
-) -> tuple[WorkerProcess, dict[str, int]]:
-    """A coordinator, w1 and w2 sharing the buckets, ``keys`` keys of 30 messages published, and
-    more than ``executed`` of them done; w1, still busy (20 ms handlers, 8 at once), and what
-    was published."""
-    cluster("c1")
-    slow = {"HASHQ_TEST_DELAY_MS": "20", "HASHQ_CONCURRENCY": "8"}
-    first = cluster("w1", **slow)
-    cluster("w2", **slow)
-    await eventually(lambda: zk_view.all_granted(settings.buckets, {"w1", "w2"}))
-    messages, expected = workload(keys=keys, per_key=30)
-    await publish(settings, messages)
-    await eventually(lambda: len(read_appended(record)) > executed)
-    return first, expected
-
-
 async def test_kill_9_worker_resumes_elsewhere_within_session_and_return_grace_plus_2s(
     initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
 ) -> None:
-    doomed, expected = await _two_busy_workers(initialized, cluster, record, zk_view, 400, 2_000)
+    doomed, expected = await two_busy_workers(initialized, cluster, record, zk_view, 400, 2_000)
 
     lost = {b for b, r in zk_view.records(initialized.buckets).items() if r.owner == "w1"}
     doomed.kill()
@@ -176,7 +160,7 @@ async def test_kill_9_worker_resumes_elsewhere_within_session_and_return_grace_p
 async def test_zombie_is_fenced_and_processes_nothing_more(
     initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
 ) -> None:
-    zombie, expected = await _two_busy_workers(initialized, cluster, record, zk_view, 300, 1_500)
+    zombie, expected = await two_busy_workers(initialized, cluster, record, zk_view, 300, 1_500)
 
     held = {b: r.epoch for b, r in zk_view.records(initialized.buckets).items() if r.owner == "w1"}
     stopped_at = zombie.stop_process()

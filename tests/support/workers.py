@@ -11,10 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hashq.settings import Settings
+from tests.support.grants import Grants
+from tests.support.workload import publish, workload
 from tools.checker import Verdict, check
 from tools.executions import read_appended
 from tools.launcher import Child, child_environment
-from tools.polling import wait_until
+from tools.polling import eventually, wait_until
 
 __all__ = [
     "SESSION",
@@ -25,6 +27,7 @@ __all__ = [
     "read_appended",
     "start_coordinator",
     "stop_cleanly",
+    "two_busy_workers",
     "wait_for_executions",
 ]
 
@@ -86,3 +89,26 @@ def wait_for_executions(path: Path, expected: dict[str, int], within: float) -> 
     return wait_until(
         lambda: check(path, expected), within, every=0.25, until=lambda v: not v.lost, or_last=True
     )
+
+
+async def two_busy_workers(
+    settings: Settings,
+    cluster: Callable[..., WorkerProcess],
+    record: Path,
+    zk_view: Grants,
+    keys: int,
+    executed: int,
+    **env: str,
+) -> tuple[WorkerProcess, dict[str, int]]:
+    """A coordinator, w1 and w2 sharing the buckets, ``keys`` keys of 30 messages published, and
+    more than ``executed`` of them done; w1, still busy (20 ms handlers, 8 at once), and what
+    was published. ``env`` goes to both workers."""
+    cluster("c1")
+    slow = {"HASHQ_TEST_DELAY_MS": "20", "HASHQ_CONCURRENCY": "8", **env}
+    first = cluster("w1", **slow)
+    cluster("w2", **slow)
+    await eventually(lambda: zk_view.all_granted(settings.buckets, {"w1", "w2"}))
+    messages, expected = workload(keys=keys, per_key=30)
+    await publish(settings, messages)
+    await eventually(lambda: len(read_appended(record)) > executed)
+    return first, expected

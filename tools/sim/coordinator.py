@@ -18,6 +18,7 @@ from hashq.records import (
     Registration,
     incarnation_connections,
     parse_release_name,
+    parse_worker_connection_name,
 )
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
@@ -28,6 +29,7 @@ from tools.sim.rabbit import Broker
 from tools.sim.worker import PATHS
 from tools.sim.world import World
 from tools.sim.zoo import (
+    BadVersion,
     ConnectionLoss,
     NodeExists,
     NoNode,
@@ -48,6 +50,8 @@ class CoordinatorConfig:
     settle: float = 1.0
     management_lag: float = 2.0
     session_timeout: float = 4.0
+    crash_grace: float = 0.5
+    crash_events: bool = True  # the broker's event exchange is enabled
 
 
 class SimCoordinator(Process):
@@ -68,6 +72,7 @@ class SimCoordinator(Process):
             settle=config.settle,
             drain_timeout=config.drain_timeout,
             fence_grace=config.fence_grace,
+            crash_grace=config.crash_grace,
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self._lock_node = ""
@@ -80,8 +85,27 @@ class SimCoordinator(Process):
     def start(self) -> None:
         for path in (PATHS.workers, PATHS.releases):
             self.client.watch(path, self.bound(lambda: self.post(cm.Tick())))
+        if self.config.crash_events:
+            self.broker.on_closed.append(self._broker_event)
         self.client.start()
         self._ticking()
+
+    def _broker_event(self, name: str) -> None:
+        """``CrashFeed``: a ``connection.closed`` event of a worker's connection reaches this
+        process over its own AMQP link, if that link and the node are up when it is sent and
+        when it arrives."""
+        incarnation = parse_worker_connection_name(name)
+        if incarnation is None or not self.alive or not self._hears_events():
+            return
+
+        def arrived() -> None:
+            if self._hears_events():
+                self.post(cm.ConnectionClosed(incarnation))
+
+        self.later(self.world.latency(), arrived)
+
+    def _hears_events(self) -> bool:
+        return self.amqp_link.up and self.broker.up
 
     def kill(self) -> None:
         super().kill()
@@ -109,12 +133,14 @@ class SimCoordinator(Process):
 
     def _do(self, action: cm.Action) -> None:
         if isinstance(action, cm.Observe):
-            self._observe()
+            self._observe(action.ask_gone)
         elif isinstance(action, cm.Commit):
             self._commit(action)
         elif isinstance(action, cm.Fence):
             generation = self._fences[action.incarnation] = next(self._generation)
             self._fence(action.incarnation, generation)
+        elif isinstance(action, cm.Wake):
+            self.later(action.after, lambda: self.post(cm.Tick()))
         elif isinstance(action, cm.Resign):
             self._fences.clear()
         elif isinstance(action, cm.Claim):
@@ -247,15 +273,16 @@ class SimCoordinator(Process):
         self._call(lambda zk, _: zk.delete(node), deleted)
 
     # ------------------------------------------------------------ leading
-    def _observe(self) -> None:
+    def _observe(self, ask_gone: tuple[Incarnation, ...]) -> None:
         """``Store.workers`` then ``Store.releases``: two requests, as in production, so a
-        release may appear between them."""
+        release may appear between them; then the liveness of each suspect."""
 
-        def read_workers(zk: ZooKeeper, _: int) -> dict[str, Registration]:
-            return {
-                name: Registration.decode(zk.get(PATHS.worker(name))[0])
-                for name in zk.children(PATHS.workers)
-            }
+        def read_workers(zk: ZooKeeper, _: int) -> dict[str, tuple[Registration, int]]:
+            found = {}
+            for name in zk.children(PATHS.workers):
+                data, stat = zk.get(PATHS.worker(name))
+                found[name] = (Registration.decode(data), stat.version)
+            return found
 
         def read_releases(zk: ZooKeeper, _: int) -> dict[tuple[int, int], str]:
             found = {}
@@ -271,11 +298,14 @@ class SimCoordinator(Process):
                 return
             self._call(read_releases, lambda releases: got_releases(answer, releases))
 
-        def got_releases(workers: dict[str, Registration], answer: Any) -> None:
+        def got_releases(workers: dict[str, tuple[Registration, int]], answer: Any) -> None:
             if isinstance(answer, ZkError):
                 self.post(cm.ObserveFailed(type(answer).__name__))
-            else:
-                self.post(cm.Observed(workers, answer))
+                return
+            gone = frozenset(i for i in ask_gone if self._gone(i))
+            registrations = {name: registration for name, (registration, _) in workers.items()}
+            versions = {name: version for name, (_, version) in workers.items()}
+            self.post(cm.Observed(registrations, answer, versions, gone))
 
         self._call(read_workers, got_workers)
 
@@ -291,6 +321,8 @@ class SimCoordinator(Process):
                 lambda z: z.check(PATHS.leader, commit.version),
                 lambda z: z.check(alive, 0),
             ]
+            for worker, version in commit.expelled.items():
+                ops.append(lambda z, w=worker, v=version: _expel(z, w, v))  # type: ignore[misc]
             for bucket, record in commit.records.items():
                 ops.append(
                     _put(PATHS.bucket(bucket), record.encode(), bucket in commit.known_records)
@@ -308,7 +340,9 @@ class SimCoordinator(Process):
                     invariants.granted(bucket, record.epoch)
 
         def written(answer: Any) -> None:
-            if isinstance(answer, ZkError):
+            if isinstance(answer, _Returned):
+                self.post(cm.ExpelRefused(str(answer)))
+            elif isinstance(answer, ZkError):
                 self.post(
                     cm.Deposed(f"ZooKeeper refused the leader's write: {type(answer).__name__}")
                 )
@@ -357,6 +391,17 @@ class SimCoordinator(Process):
             del self._fences[incarnation]
             self.world.note(f"{self.name}: fenced {incarnation[0]} {incarnation[1]}")
             self.post(cm.FenceDone(incarnation, covered))
+
+
+class _Returned(BadVersion):
+    """``hashq.errors.WorkerReturned``: an expelled worker's registration changed."""
+
+
+def _expel(zk: ZooKeeper, worker: str, version: int) -> None:
+    try:
+        zk.delete(PATHS.worker(worker), version)
+    except (NoNode, BadVersion):
+        raise _Returned(f"the registration of {worker} changed since it was read") from None
 
 
 def _alive(epoch: int) -> str:

@@ -26,6 +26,7 @@ FAULT_KINDS = (
     "zookeeper-restart",
     "server-cancel",  # the broker cancels a worker's consumer (basic.cancel)
     "rolling-upgrade",  # each worker stopped and started again in turn, with new settings
+    "connection-reset",  # the broker closes a worker's AMQP connection; the worker lives on
 )
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def apply(cluster: Cluster, fault: Fault) -> bool:
     """Carry ``fault`` out; False if it had nothing to act on (its target is down, say)."""
     kind = fault.kind
-    if kind in ("crash", "stop", "amqp-partition", "server-cancel"):
+    if kind in ("crash", "stop", "amqp-partition", "server-cancel", "connection-reset"):
         return _apply_to_worker(cluster, fault)
     if kind in ("freeze", "zk-partition"):
         return _apply_to_any(cluster, fault)
@@ -45,6 +45,10 @@ def _apply_to_worker(cluster: Cluster, fault: Fault) -> bool:
     elif kind == "amqp-partition":
         cluster.broker.partition(worker.amqp_link)
         world.after(duration, lambda: heal_amqp(worker))
+    elif kind == "connection-reset":  # a RabbitMQ node of a cluster going, a reset link
+        if worker.connection is None:
+            return False
+        cluster.broker.close_connection(worker.connection, "CONNECTION_FORCED - reset")
     else:
         return _cancel_a_consumer(cluster, worker.name)
     return True

@@ -173,8 +173,9 @@ MUTATIONS = (
         "release-after-unconfirmed-close",
         "release after an unconfirmed close",
         LEASES,
-        "        if not lease.unconfirmed:\n            return True\n",
-        "        return True\n",
+        "            return False\n"
+        "        return not lease.unconfirmed or self._taken_back(lease, now)\n",
+        "            return False\n        return True\n",
     ),
     Mutation(
         "lost-taken-as-up",
@@ -259,6 +260,27 @@ MUTATIONS = (
         "        self._retry_at = now + RETRY_SECONDS"
         "  # the timer that begins the next incarnation\n",
         "",
+    ),
+    Mutation(
+        "resubscribe-without-return-grace",
+        "a bucket still granted is consumed again at once after its connection died",
+        LEASES,
+        '"""\n        return not lease.unconfirmed or self._taken_back(lease, now)\n',
+        '"""\n        return True\n',
+    ),
+    Mutation(
+        "expel-unchecked",
+        "a crashed worker's registration deleted whatever its version",
+        "tools/sim/coordinator.py",
+        "zk.delete(PATHS.worker(worker), version)",
+        "zk.delete(PATHS.worker(worker))",
+    ),
+    Mutation(
+        "expel-without-liveness",
+        "a worker whose connection closed expelled without asking the broker",
+        "coordinator/hashq_coordinator/machine/core.py",
+        "(worker, incarnation) in event.gone",
+        "True",
     ),
 )
 

@@ -13,6 +13,9 @@
   may be slow or fail.
 - Heartbeats: a partition longer than the heartbeat makes each side give the connection up, at
   its own moment.
+- The event exchange: every connection the broker's end closes is announced by name to the
+  listeners (``on_closed``), whatever closed it, a node restart included; each listener
+  decides whether it hears it (its own link, the node being up).
 """
 
 from __future__ import annotations
@@ -185,6 +188,7 @@ class Broker:
         self.api_delay = 0.0
         self._published = 0
         self.on_consumers: Callable[[str, list[int]], None] | None = None
+        self.on_closed: list[Callable[[str], None]] = []  # the event exchange's subscribers
 
     @staticmethod
     def bucket_queue(bucket: int) -> str:
@@ -214,6 +218,8 @@ class Broker:
                 del self.queues[name]
         self.connections = [c for c in self.connections if c.open]
         connection.down.send(lambda: connection.lost_by_client(reason))
+        for listener in list(self.on_closed):
+            listener(connection.name)
 
     def partition(self, link: Link) -> None:
         """Cut ``link``; each side of each of its connections gives up after a heartbeat or

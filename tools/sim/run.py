@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         totals["steps"] += outcome.steps
         totals["confirmed"] += outcome.confirmed
         totals["executions"] += outcome.executions
+        totals["expelled"] += outcome.expelled
         totals.update({f"fault:{k}": v for k, v in outcome.fault_counts.items()})
         if outcome.violation:
             faults = outcome.applied
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     missing = [k for k in FAULT_KINDS if not totals[f"fault:{k}"]]
     print(
         f"sim: {totals['seeds']} seeds, {totals['steps']:,} steps, {totals['confirmed']:,} "
-        f"confirmed, {totals['executions']:,} executions, "
+        f"confirmed, {totals['executions']:,} executions, {totals['expelled']:,} crashes "
+        "expelled, "
         f"{sum(v for k, v in totals.items() if k.startswith('fault:'))} faults, "
         f"{len(failed)} violations ({seconds:.0f}s)"
         + (f"; fault kinds never drawn: {missing}" if missing else "")

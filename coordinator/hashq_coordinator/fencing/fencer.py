@@ -108,6 +108,11 @@ class Fencer:
                 del self._fencing[incarnation]
             self._wake()
 
+    async def gone(self, worker: str, life: str) -> bool:
+        """Whether the broker says the incarnation has no connection left (False: it has one,
+        or the broker cannot be asked), for the crash rule's question."""
+        return await self._gone((worker, life))
+
     async def _gone(self, incarnation: Incarnation) -> bool:
         """Whether the broker says the incarnation has no connection left; only asked of
         workers that hold a liveness queue."""

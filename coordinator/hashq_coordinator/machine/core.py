@@ -7,8 +7,14 @@ models. ``now`` is the caller's monotonic clock: bucket records' ``since`` is ke
 this process leads.
 
 While leading, one observation at a time: ``Observe`` -> ``Observed`` -> ``Commit`` ->
-``Committed`` (or ``Deposed``). Fences start only once the records that need them are
-committed, and each incarnation has at most one fence under way.
+``Committed`` (or ``Deposed``, or ``ExpelRefused``). Fences start only once the records that
+need them are committed, and each incarnation has at most one fence under way.
+
+Crashes: when the broker says a connection of a live incarnation closed (``ConnectionClosed``),
+the incarnation is a suspect. Once ``crash_grace`` has passed (a live worker reconnects within
+it), the next observation asks the broker whether the incarnation still holds a connection; if
+not, it is expelled: its registration is deleted in the commit, checked against the version
+read before the question, and its buckets are fenced as those of a vanished worker.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from hashq_coordinator.machine.events import (
     ClaimFailed,
     Commit,
     Committed,
+    ConnectionClosed,
     Deposed,
     Elected,
     Event,
+    ExpelRefused,
     Fence,
     FenceDone,
     GiveBack,
@@ -38,6 +46,7 @@ from hashq_coordinator.machine.events import (
     Role,
     SessionLost,
     StepDown,
+    Wake,
 )
 from hashq_coordinator.machine.fencebook import FenceBook, Incarnation
 from hashq_coordinator.machine.handover import View, assignments, committed_owners, step
@@ -52,6 +61,7 @@ class _Pending:
     written: dict[str, Assignment]
     fences: set[Incarnation]
     changed: dict[int, BucketRecord] = field(default_factory=dict)
+    expelled: int = 0
 
 
 class CoordinatorMachine:
@@ -63,6 +73,7 @@ class CoordinatorMachine:
         settle: float,
         drain_timeout: float,
         fence_grace: float,
+        crash_grace: float = 0.5,
         book: FenceBook | None = None,
     ) -> None:
         self.me = me
@@ -70,6 +81,7 @@ class CoordinatorMachine:
         self.settle = settle
         self.revoke_timeout = drain_timeout + fence_grace
         self.fence_grace = fence_grace
+        self.crash_grace = crash_grace
         self.role = Role.CANDIDATE
         self.book = book or FenceBook()
         self.records: dict[int, BucketRecord] = {}
@@ -78,6 +90,9 @@ class CoordinatorMachine:
         self.fencing: set[Incarnation] = set()
         self.grants_made = 0
         self.fences_done = 0
+        self.expelled = 0  # crashed incarnations expelled (committed)
+        self.suspects: dict[Incarnation, float] = {}  # connection closed at (this clock)
+        self._asking: tuple[Incarnation, ...] = ()  # suspects the observation under way asks
         self._leader_epoch = 0
         self._version = 0
         self._changed_at = 0.0
@@ -118,7 +133,13 @@ class CoordinatorMachine:
             self._busy = False
             return []
         if isinstance(event, Committed):
-            return self._committed()
+            fences = self._committed()
+            return fences + self._observe_due(now)
+        if isinstance(event, ConnectionClosed):
+            return self._connection_closed(event.incarnation, now)
+        if isinstance(event, ExpelRefused):
+            log.info("coordinator %s: not expelled, it came back: %s", self.me, event.error)
+            self._busy, self._pending = False, None
         if isinstance(event, Deposed):
             log.warning("coordinator %s: %s; standing down", self.me, event.error)
             return self._resign("deposed")
@@ -126,10 +147,32 @@ class CoordinatorMachine:
             self.fencing.discard(event.incarnation)
             self.book.done(event.incarnation, event.covered, now)
             self.fences_done += 1
+        return self._observe(now)
+
+    def _observe(self, now: float) -> list[Action]:
         if self._busy:
             return []
         self._busy, self._asked_at = True, now
-        return [Observe()]
+        self._asking = self._due(now)
+        return [Observe(self._asking)]
+
+    def _due(self, now: float) -> tuple[Incarnation, ...]:
+        return tuple(
+            sorted(i for i, since in self.suspects.items() if now - since >= self.crash_grace)
+        )
+
+    def _observe_due(self, now: float) -> list[Action]:
+        """Observe again at once if a suspect's grace ended while this process was busy."""
+        return self._observe(now) if self._due(now) else []
+
+    def _connection_closed(self, incarnation: Incarnation, now: float) -> list[Action]:
+        """A connection of ``incarnation`` closed: a suspect if it is a live member (others,
+        and a worker's earlier connections it replaced, are of no concern: the question asked
+        after the grace is whether any connection of it is left)."""
+        if incarnation not in self.members or incarnation in self.suspects:
+            return []
+        self.suspects[incarnation] = now
+        return [Wake(self.crash_grace)]
 
     def _elected(self, event: Elected, now: float) -> list[Action]:
         if self.role is not Role.CLAIMING:
@@ -158,13 +201,15 @@ class CoordinatorMachine:
         self.role = Role.CANDIDATE
         self.records, self.written, self.fencing = {}, {}, set()
         self._busy, self._pending = False, None
+        self.suspects, self._asking = {}, ()
         # The lock goes back however long ZooKeeper takes: dropped after one failed try while
         # the session lives on, its node would sit ahead of every later one of this session.
         return [Resign(why), GiveBack()]
 
     # ------------------------------------------------------------ one observation
     def _observed(self, event: Observed, now: float) -> list[Action]:
-        live = self._understood(event.workers)
+        crashed = self._crashed(event)
+        live = {w: r for w, r in self._understood(event.workers).items() if w not in crashed}
         self._note_membership(live, now)
         settled = now - self._changed_at >= self.settle
         view = View(
@@ -187,20 +232,54 @@ class CoordinatorMachine:
                 owner,
                 waited,
             )
-        commit = self._commit_of(decision.records, live, event.releases)
+        commit = self._commit_of(decision.records, live, event.releases, crashed)
         records = {**self.records, **decision.records}
         written = {**self.written, **commit.assignments}
         written = {w: a for w, a in written.items() if w not in commit.removed}
-        self._pending = _Pending(records, written, decision.fences, decision.records)
-        if not (commit.records or commit.assignments or commit.removed or commit.consumed):
+        self._pending = _Pending(
+            records, written, decision.fences, decision.records, len(commit.expelled)
+        )
+        if not (
+            commit.records
+            or commit.assignments
+            or commit.removed
+            or commit.consumed
+            or commit.expelled
+        ):
             return self._committed()
         return [commit]
+
+    def _crashed(self, event: Observed) -> dict[str, int]:
+        """The asked suspects the broker said have no connection left, still registered as the
+        incarnation suspected: worker -> the version of its registration read (before the
+        question), which the commit's delete checks. Every asked suspect is settled."""
+        asked, self._asking = self._asking, ()
+        crashed = {}
+        for worker, incarnation in asked:
+            self.suspects.pop((worker, incarnation), None)
+            registration = event.workers.get(worker)
+            if (
+                (worker, incarnation) in event.gone
+                and registration is not None
+                and registration.incarnation == incarnation
+                and worker in event.versions
+            ):
+                crashed[worker] = event.versions[worker]
+                log.warning(
+                    "worker %s incarnation %s: its AMQP connection closed and none came back "
+                    "within %gs; taking it as crashed and moving its buckets",
+                    worker,
+                    incarnation,
+                    self.crash_grace,
+                )
+        return crashed
 
     def _commit_of(
         self,
         changed: dict[int, BucketRecord],
         live: Mapping[str, Registration],
         releases: Mapping[tuple[int, int], str],
+        crashed: Mapping[str, int],
     ) -> Commit:
         records = {**self.records, **changed}
         wanted = assignments(records, live, self._leader_epoch)
@@ -218,6 +297,7 @@ class CoordinatorMachine:
                 or epoch < records[bucket].epoch
                 or records[bucket].state is BucketState.UNASSIGNED
             ),
+            expelled=dict(crashed),
         )
 
     def _committed(self) -> list[Action]:
@@ -230,6 +310,7 @@ class CoordinatorMachine:
             if record.epoch > before.epoch:
                 self.grants_made += 1
         self.records, self.written = pending.records, pending.written
+        self.expelled += pending.expelled
         fences = sorted(pending.fences - self.fencing)
         self.fencing.update(fences)
         return [Fence(incarnation) for incarnation in fences]

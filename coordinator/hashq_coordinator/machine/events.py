@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hashq.records import Assignment, BucketRecord, Registration
 from hashq_coordinator.machine.fencebook import Incarnation, Sighting
@@ -53,6 +53,10 @@ class SessionLost:
 class Observed:
     workers: Mapping[str, Registration]
     releases: Mapping[tuple[int, int], str]  # (bucket, epoch) -> node name
+    versions: Mapping[str, int] = field(default_factory=dict)  # of each registration node read
+    # Of the incarnations ``Observe.ask_gone`` named, those the broker said have no connection
+    # left, asked after the registrations were read.
+    gone: frozenset[Incarnation] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,23 @@ class ObserveFailed:
 @dataclass(frozen=True)
 class Committed:
     pass
+
+
+@dataclass(frozen=True)
+class ExpelRefused:
+    """A commit that expelled crashed workers was refused, nothing of it written: one of
+    their registrations changed after it was read (the worker announced a new connection, so it
+    lives), or is gone already. Not a loss of the lead."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class ConnectionClosed:
+    """The broker said (its event exchange) that a connection of this worker incarnation
+    closed. Whether the worker crashed is asked once the crash grace has passed."""
+
+    incarnation: Incarnation
 
 
 @dataclass(frozen=True)
@@ -97,8 +118,10 @@ Event = (
     | Observed
     | ObserveFailed
     | Committed
+    | ExpelRefused
     | Deposed
     | FenceDone
+    | ConnectionClosed
     | Tick
 )
 
@@ -117,7 +140,12 @@ class GiveBack:
 
 @dataclass(frozen=True)
 class Observe:
-    """Read the registrations and the releases (``Observed`` or ``ObserveFailed``)."""
+    """Read the registrations (with their node versions) and the releases, then ask the
+    broker whether each incarnation in ``ask_gone`` still holds a connection (its liveness
+    queue): ``Observed`` or ``ObserveFailed``. A question the broker cannot answer counts as
+    'not gone'."""
+
+    ask_gone: tuple[Incarnation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,11 +159,21 @@ class Commit:
     known_assignments: tuple[str, ...]
     removed: tuple[str, ...]  # assignments of workers gone
     consumed: tuple[str, ...]  # release nodes acted upon
+    # Registrations of crashed workers to delete, each checked against the version read
+    # before the broker said the incarnation has no connection (``ExpelRefused`` if changed).
+    expelled: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Fence:
     incarnation: Incarnation
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Post a ``Tick`` after ``after`` seconds (a crash grace ends then)."""
+
+    after: float
 
 
 @dataclass(frozen=True)
@@ -145,4 +183,4 @@ class Resign:
     why: str
 
 
-Action = Claim | GiveBack | Observe | Commit | Fence | Resign
+Action = Claim | GiveBack | Observe | Commit | Fence | Wake | Resign

@@ -1,0 +1,106 @@
+"""Crash detection from the broker's word (RabbitMQ's event exchange), with real servers and real
+processes: a worker killed with -9 loses its buckets long before its ZooKeeper session could
+expire; a worker whose connection is closed under it and that comes back keeps them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hashq._io.management import Management
+from hashq.errors import WorkerReturned
+from hashq.records import RETURN_GRACE_SECONDS, BucketRecord, BucketState, Paths, Registration
+from hashq.settings import Settings
+from hashq_coordinator.fencing.cutoff import close_connection
+from hashq_coordinator.store import Store
+from tests.support.grants import Grants
+from tests.support.helpers import open_zk
+from tests.support.workers import (
+    WorkerProcess,
+    read_appended,
+    two_busy_workers,
+    wait_for_executions,
+)
+from tools.polling import eventually
+
+LONG_SESSION = 20.0  # the workers' ZooKeeper session: far longer than the failover may take
+CRASH_GRACE = 0.5  # the coordinator's default
+
+
+async def test_kill_9_moves_the_buckets_long_before_the_session_expires(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
+) -> None:
+    session = {"HASHQ_ZK_SESSION_TIMEOUT": f"{LONG_SESSION:g}"}
+    doomed, expected = await two_busy_workers(
+        initialized, cluster, record, zk_view, 300, 1_500, **session
+    )
+    lost = {b for b, r in zk_view.records(initialized.buckets).items() if r.owner == "w1"}
+    doomed.kill()
+    killed_at = time.time()
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
+    resumed = {
+        int(r["bucket"]): float(r["start"]) - killed_at
+        for r in sorted(read_appended(record), key=lambda r: -float(r["start"]))
+        if r["bucket"] in lost and r["worker"] == "w2"
+    }
+    assert set(resumed) == lost
+    slowest = max(resumed.values())
+    print(f"kill -9, {LONG_SESSION:g}s sessions: buckets resumed after at most {slowest:.2f}s")
+    # The grace, then the return grace every grant after a fence waits; never the session.
+    assert RETURN_GRACE_SECONDS <= slowest < CRASH_GRACE + RETURN_GRACE_SECONDS + 2
+    assert slowest < LONG_SESSION / 2
+
+
+async def test_a_worker_whose_connection_is_closed_and_comes_back_keeps_its_buckets(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
+) -> None:
+    """A RabbitMQ node going, a reset link: the broker closes a live worker's connection, the
+    worker reconnects within the crash grace, and nothing moves (no epoch changes)."""
+    _, expected = await two_busy_workers(initialized, cluster, record, zk_view, 200, 1_000)
+    before = zk_view.records(initialized.buckets)
+    w1 = zk_view.workers()["w1"]
+    management = Management(initialized)
+
+    def listed() -> str | None:
+        for connection in management.connections():
+            if connection.get("user_provided_name") == w1.connection:
+                return str(connection["name"])
+        return None
+
+    name = await eventually(lambda: asyncio.to_thread(listed), within=15)
+    await asyncio.to_thread(close_connection, management, name, "test: a reset")
+    await eventually(lambda: zk_view.workers()["w1"].connection != w1.connection, within=10)
+    await asyncio.sleep(3 * CRASH_GRACE)
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
+    assert zk_view.workers()["w1"].incarnation == w1.incarnation  # not expelled
+    assert zk_view.records(initialized.buckets) == before  # no bucket moved
+
+
+def test_an_expulsion_of_a_worker_that_came_back_writes_nothing(initialized: Settings) -> None:
+    """The commit that expels a crashed worker checks the version of its registration read
+    before the broker was asked: a worker that announced a new connection since (so it lives)
+    makes the whole commit fail, and the leader stays leader."""
+    paths = Paths(initialized.app)
+    zk = open_zk(initialized.zk_hosts)
+    try:
+        store = Store(zk, paths, initialized.buckets)
+        _, leader_version = store.claim("c")
+        node = paths.worker("w9")
+        zk.create(node, Registration("w9", "i1", 1, connection="a-1").encode(), ephemeral=True)
+        read = zk.get(node)[1].version
+        zk.set(node, Registration("w9", "i1", 1, connection="a-2").encode())  # it came back
+        grant = {0: BucketRecord(BucketState.FENCING, "w9", "i1", 3)}
+        with pytest.raises(WorkerReturned):
+            store.commit(leader_version, grant, [], {}, [], [], [], {"w9": read})
+        assert zk.exists(node) and not zk.exists(paths.bucket(0))
+        store.commit(leader_version, grant, [], {}, [], [], [], {"w9": read + 1})
+        assert not zk.exists(node) and zk.exists(paths.bucket(0))
+    finally:
+        zk.stop()
+        zk.close()

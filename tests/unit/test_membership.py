@@ -3,7 +3,7 @@ the worst moment: only a timing exposes these holes."""
 
 from __future__ import annotations
 
-from hashq.records import Assignment
+from hashq.records import RETURN_GRACE_SECONDS, Assignment
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
@@ -70,6 +70,28 @@ def test_a_worker_without_rabbitmq_withdraws_then_registers_again_on_its_own_tim
     assert machine.state is WorkerState.WITHDRAWN
     assert machine.wake_at is not None
     assert ev.BeginIncarnation() in machine.handle(ev.Tick(), machine.wake_at)
+
+
+def test_a_bucket_whose_connection_died_is_consumed_again_only_after_the_return_grace() -> None:
+    """The broker may have cancelled the consumer unseen while the connection was dying; the
+    queue may then hand its later messages to a new consumer before it takes back the dying
+    channel's (the simulation's seed 256). Still granted, the bucket waits on the new
+    connection as a release would."""
+    machine = _registered()
+    (subscribe,) = machine.handle(ev.AssignmentRead(1, Assignment("i1", {0: 1})), 1.0)
+    assert isinstance(subscribe, ev.Subscribe)
+    machine.handle(ev.Subscribed(subscribe.lease), 1.1)
+    lost = machine.handle(ev.LinkLost(1), 2.0)
+    (cut,) = [a for a in lost if isinstance(a, ev.CutOff)]
+    assert ev.Reconnect(2) in lost
+    machine.handle(ev.Closed(cut.lease, confirmed=False), 2.0)
+    machine.handle(ev.LinkUp(2), 2.1)
+    machine.handle(ev.AssignmentRead(1, Assignment("i1", {0: 1})), 2.2)
+    early = machine.handle(ev.Tick(), 2.1 + RETURN_GRACE_SECONDS - 0.1)
+    assert not [a for a in early if isinstance(a, ev.Subscribe)]
+    assert machine.wake_at is not None and machine.wake_at <= 2.1 + RETURN_GRACE_SECONDS
+    again = machine.handle(ev.Tick(), 2.1 + RETURN_GRACE_SECONDS)
+    assert [(a.bucket, a.epoch) for a in again if isinstance(a, ev.Subscribe)] == [(0, 1)]
 
 
 def _session(machine: WorkerMachine) -> ev.Session:

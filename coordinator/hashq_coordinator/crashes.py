@@ -104,7 +104,9 @@ class CrashFeed:
         lost = asyncio.Event()
         connection.close_callbacks.add(lambda *_: lost.set())
         try:
-            await self._listen(await connection.channel())
+            channel = await connection.channel()
+            channel.close_callbacks.add(lambda *_: lost.set())  # a channel gone is deaf too
+            await self._listen(channel)
             await lost.wait()
         finally:
             await close_quietly(connection)
@@ -142,3 +144,13 @@ class CrashFeed:
             )
         elif before is FeedState.LISTENING:
             log.warning("crash detection: %s; reconnecting", why)
+        elif before is FeedState.CONNECTING:  # never listened: say so once, as loudly
+            log.error(
+                "crash detection unavailable: cannot subscribe to RabbitMQ's %s in vhost %r "
+                "(%s); retrying every %gs. Until then a crashed worker's buckets move only once "
+                "its ZooKeeper session expires",
+                EVENT_EXCHANGE,
+                self._vhost,
+                why,
+                RETRY_SECONDS,
+            )

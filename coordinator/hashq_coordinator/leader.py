@@ -15,6 +15,7 @@ from hashq_coordinator.store import Store
 
 # Whether the broker says a worker incarnation has no connection left.
 Gone = Callable[[str, str], Awaitable[bool]]
+QUESTION_SECONDS = 2.0  # how long the leader waits for the broker's word on a suspect
 
 
 async def claim(store: Store, me: str) -> cm.Event:
@@ -39,8 +40,18 @@ async def observe(store: Store, ask_gone: tuple[Incarnation, ...], gone: Gone) -
         return cm.ObserveFailed(repr(exc))
     workers = {worker: member.registration for worker, member in members.items()}
     versions = {worker: member.version for worker, member in members.items()}
-    said = [incarnation for incarnation in ask_gone if await gone(*incarnation)]
-    return cm.Observed(workers, releases, versions, frozenset(said))
+    answers = await asyncio.gather(*(_asked(gone, incarnation) for incarnation in ask_gone))
+    said = frozenset(i for i, answer in zip(ask_gone, answers, strict=True) if answer)
+    return cm.Observed(workers, releases, versions, said)
+
+
+async def _asked(gone: Gone, incarnation: Incarnation) -> bool:
+    """The broker's word, or False (it lives) if it does not answer within
+    ``QUESTION_SECONDS``: the leader's loop waits for this."""
+    try:
+        return await asyncio.wait_for(gone(*incarnation), QUESTION_SECONDS)
+    except Exception:
+        return False
 
 
 async def commit(store: Store, decision: cm.Commit) -> cm.Event:

@@ -38,8 +38,8 @@ class CoordinatorMetrics:
             "worker's buckets move within the crash grace); 0: only at session expiry",
             registry=r,
         )
-        self.expelled = Gauge(
-            "hashq_coordinator_crashes_expelled",
+        self.expelled = Counter(
+            "hashq_crashes_expelled",
             "Workers this coordinator expelled as crashed since it started (their AMQP "
             "connection closed and none came back within the crash grace)",
             registry=r,

@@ -94,7 +94,6 @@ class Coordinator:
         self.metrics.workers.set_function(lambda: len(self.machine.members))
         self.metrics.in_transit.set_function(self.machine.in_transit)
         self.metrics.crash_detection.set_function(lambda: 1 if self.crashes.listening else 0)
-        self.metrics.expelled.set_function(lambda: self.machine.expelled)
 
     @property
     def zk_connected(self) -> bool:
@@ -160,10 +159,11 @@ class Coordinator:
         return cm.Tick()
 
     async def _handle(self, event: cm.Event) -> None:
-        grants = self.machine.grants_made
+        grants, expelled = self.machine.grants_made, self.machine.expelled
         for action in self.machine.handle(event, time.monotonic()):
             await self._do(action)
         self.metrics.grants.inc(self.machine.grants_made - grants)
+        self.metrics.expelled.inc(self.machine.expelled - expelled)
 
     async def _do(self, action: cm.Action) -> None:
         if isinstance(action, cm.Observe):

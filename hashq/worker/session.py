@@ -31,7 +31,13 @@ from hashq._io.zk import close_zk, start_zk, zk_client
 from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
 from hashq.records import Assignment, Paths, Registration, Release
 from hashq.settings import Settings
-from hashq.worker.machine.events import AssignmentRead, Event, Session, SessionChanged
+from hashq.worker.machine.events import (
+    AssignmentRead,
+    Event,
+    RegistrationDeleted,
+    Session,
+    SessionChanged,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ class Membership:
         self._loop = asyncio.get_running_loop()
         self._zk: KazooClient = zk_client(settings, "worker")
         self._open = False  # started and not closed: the client may be asked
+        self._seen = ""  # the incarnation the registration node last named
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -62,6 +69,7 @@ class Membership:
         self._open = True
         self._zk.add_listener(self._on_state)
         DataWatch(self._zk, self._paths.assignment(self.worker_id), self._on_assignment)
+        DataWatch(self._zk, self._paths.worker(self.worker_id), self._on_registration)
 
     @staticmethod
     def new_incarnation() -> str:
@@ -202,6 +210,19 @@ class Membership:
             KazooState.LOST: Session.LOST,
         }[state]
         self._loop.call_soon_threadsafe(self._post, SessionChanged(session))
+
+    def _on_registration(self, data: bytes | None, stat: Any) -> None:
+        """The registration node changed: its deletion while the session lives means the
+        coordinator expelled this incarnation (``RegistrationDeleted``; the machine ignores
+        the deletions it made itself)."""
+        if data:
+            try:
+                self._seen = Registration.decode(data).incarnation
+            except (ValueError, KeyError, TypeError):
+                return
+        elif self._seen:
+            deleted, self._seen = self._seen, ""
+            self._loop.call_soon_threadsafe(self._post, RegistrationDeleted(deleted))
 
     def _on_assignment(self, data: bytes | None, stat: Any) -> None:
         self._loop.call_soon_threadsafe(self._post, self._assignment_read(data, stat))

@@ -28,7 +28,7 @@ from tests.support.workers import (
 from tools.polling import eventually
 
 LONG_SESSION = 20.0  # the workers' ZooKeeper session: far longer than the failover may take
-CRASH_GRACE = 0.5  # the coordinator's default
+CRASH_GRACE = 2.0  # the coordinator's default
 
 
 async def test_kill_9_moves_the_buckets_long_before_the_session_expires(
@@ -104,3 +104,25 @@ def test_an_expulsion_of_a_worker_that_came_back_writes_nothing(initialized: Set
     finally:
         zk.stop()
         zk.close()
+
+
+async def test_a_worker_whose_registration_is_deleted_under_it_starts_a_new_life(
+    initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
+) -> None:
+    """An expulsion the worker did not cause (the broker's word was wrong, say: a partitioned
+    node dropped its queue): the watch on its own registration tells it at once, and it cuts
+    everything off and registers a new incarnation instead of consuming at the old grants."""
+    _, expected = await two_busy_workers(initialized, cluster, record, zk_view, 100, 500)
+    old = zk_view.workers()["w1"]
+    zk = open_zk(initialized.zk_hosts)
+    try:
+        zk.delete(Paths(initialized.app).worker("w1"))
+    finally:
+        zk.stop()
+        zk.close()
+    renewed = await eventually(
+        lambda: (w := zk_view.workers().get("w1")) and w.incarnation != old.incarnation, within=10
+    )
+    assert renewed
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])

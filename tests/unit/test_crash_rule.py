@@ -40,10 +40,19 @@ def _owned_by(machine: CoordinatorMachine, worker: str) -> list[int]:
 def test_a_closed_connection_is_asked_about_once_the_grace_has_passed() -> None:
     machine = _leading()
     assert machine.handle(cm.ConnectionClosed(W1), 1.0) == [cm.Wake(GRACE)]
-    assert machine.handle(cm.ConnectionClosed(W1), 1.1) == []  # one suspicion, one question
-    assert machine.handle(cm.Tick(), 1.2) == [cm.Observe(())]  # within the grace: not asked
-    machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 0, "w2": 0}), 1.3)
+    assert machine.handle(cm.ConnectionClosed(W1), 1.1) == [cm.Wake(GRACE)]  # from the newest
+    assert machine.handle(cm.Tick(), 1.5) == [cm.Observe(())]  # within its grace: not asked
+    machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 0, "w2": 0}), 1.55)
+    assert machine.handle(cm.Tick(), 1.6) == [cm.Observe((W1,))]
+
+
+def test_a_suspect_that_closed_again_while_asked_is_asked_again() -> None:
+    machine = _leading()
+    machine.handle(cm.ConnectionClosed(W1), 1.0)
     assert machine.handle(cm.Tick(), 1.5) == [cm.Observe((W1,))]
+    machine.handle(cm.ConnectionClosed(W1), 1.55)  # its new connection closed too
+    machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 1, "w2": 0}), 1.6)  # it lived
+    assert machine.handle(cm.Tick(), 2.1) == [cm.Observe((W1,))]
 
 
 def test_a_worker_with_no_connection_left_is_expelled_and_its_buckets_fenced() -> None:
@@ -100,7 +109,8 @@ def test_a_refused_expulsion_writes_nothing_and_the_leader_reads_again() -> None
     machine.handle(cm.ConnectionClosed(W1), 1.0)
     machine.handle(cm.Tick(), 1.5)
     machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 7, "w2": 0}, frozenset({W1})), 1.6)
-    assert machine.handle(cm.ExpelRefused("w1 changed"), 1.7) == [cm.Observe(())]
+    # Asked again at once: it will be found alive (or, if it died again, expelled then).
+    assert machine.handle(cm.ExpelRefused("w1 changed"), 1.7) == [cm.Observe((W1,))]
     assert machine.role is cm.Role.LEADER and machine.records == before and machine.expelled == 0
 
 

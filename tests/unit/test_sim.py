@@ -38,12 +38,12 @@ FOUND: dict[str, tuple[int, str]] = {
     ),
     "a connection that died while announced was taken as up": (16, "lost-taken-as-up"),
     "a deposed leader's lock node blocked every election": (11, "lock-released-once"),
-    "a session check answered before a second pause was believed after it": (12, "finding-8"),
+    "a session check answered before a second pause was believed after it": (10, "finding-8"),
     "a leader trusted sightings from before a blind spot (its election)": (420, "no-blind-spot"),
     # The cluster test found these two (a RabbitMQ node killed during a handover); the model
     # has them since its queues may take back a dead connection's messages late.
     "a bucket released while its queue still held what a dead connection had": (
-        347,
+        52,
         "release-without-return-grace",
     ),
     "a bucket granted after a fence while its queue still held what was cut off": (

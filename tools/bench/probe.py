@@ -102,3 +102,9 @@ async def sleepy(msg: Message) -> None:
     """A handler that waits 1 to 5 ms, as one calling a fast service would."""
     _recorder().add(msg.bucket, msg.body)
     await asyncio.sleep(random.uniform(0.001, 0.005))
+
+
+async def slow50(msg: Message) -> None:
+    """A handler that takes 50 ms, for the handover pause with work in flight."""
+    _recorder().add(msg.bucket, msg.body)
+    await asyncio.sleep(0.05)

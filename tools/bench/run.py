@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -99,6 +100,17 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
 
 
 async def full_only(app: Settings, plan: Plan, folder: Path, results: dict[str, Any]) -> None:
+    rate = results["hashq"]["end_to_end_per_s"] / 2
+    say(f"4b. failover: SIGSTOP of a worker under {rate:.0f}/s (its session, then a fence)")
+    results["failover_sigstop"] = await steps.failover(
+        app, folder / "failover-sigstop", plan, rate, plan.session, signal.SIGSTOP
+    )
+    say(f"    {results['failover_sigstop']}")
+    say(f"3b. handover with 50 ms handlers under {rate / 10:.0f}/s")
+    results["handover_50ms"] = await steps.handover(
+        app, folder / "handover-50ms", plan, rate / 10, "tools.bench.probe:slow50"
+    )
+    say(f"    {results['handover_50ms']}")
     say(f"5. memory: a worker after messages of {plan.distinct_keys:,} distinct keys")
     results["many_keys"] = await steps.many_keys(app, folder / "many-keys", plan)
     say(f"    {results['many_keys']}")
@@ -170,6 +182,13 @@ def print_summary(results: dict[str, Any]) -> None:
         (f"failover, session {item['session_s']:g}s, max s", item["failover_s_max"])
         for item in results["failover"]
     ]
+    if "failover_sigstop" in results:
+        rows.append(
+            ("failover after SIGSTOP, max s", results["failover_sigstop"]["failover_s_max"])
+        )
+        rows.append(
+            ("handover pause, 50 ms handlers, max ms", results["handover_50ms"]["pause_ms_max"])
+        )
     if "latency" in results:
         rows.append(("latency p50 ms", results["latency"]["p50_ms"]))
         rows.append(("latency p99 ms", results["latency"]["p99_ms"]))

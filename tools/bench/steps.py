@@ -123,18 +123,24 @@ async def steady(settings: Settings, folder: Path, plan: Plan, rate: float) -> d
         return {"rate_per_s": round(rate), "sent": sent, **latency}
 
 
-async def handover(settings: Settings, folder: Path, plan: Plan, rate: float) -> dict[str, Any]:
+async def handover(
+    settings: Settings,
+    folder: Path,
+    plan: Plan,
+    rate: float,
+    handler: str = "tools.bench.probe:noop",
+) -> dict[str, Any]:
     """Under a steady load on one worker, a second joins: the pause of each moved bucket, and
     the throughput of the buckets that stayed, during the handover against before it."""
     async with Rig(settings, folder, plan.session) as rig:
         rig.coordinator()
-        rig.worker("worker-1")
+        rig.worker("worker-1", handler)
         await rig.consuming(["worker-1"])
         loaded = time.time() + 0.5  # the load's first half second warms up: left out
         load = asyncio.ensure_future(rig.publish_steadily(rate, plan.steady_seconds, plan.keys))
         await asyncio.sleep(plan.steady_seconds / 3)
         joined = time.time()
-        rig.worker("worker-2")
+        rig.worker("worker-2", handler)
         sent = await load
         await rig.caught_up(sent)
         lines = rig.lines()
@@ -158,10 +164,17 @@ async def handover(settings: Settings, folder: Path, plan: Plan, rate: float) ->
 
 
 async def failover(
-    settings: Settings, folder: Path, plan: Plan, rate: float, session: float
+    settings: Settings,
+    folder: Path,
+    plan: Plan,
+    rate: float,
+    session: float,
+    how: signal.Signals = signal.SIGKILL,
 ) -> dict[str, Any]:
-    """Under a steady load on two workers, one is killed (kill -9): seconds until each of its
-    buckets processes again on the other, with ZooKeeper sessions of ``session`` seconds."""
+    """Under a steady load on two workers, one is killed (kill -9) or stopped (``how``
+    SIGSTOP, resumed once the load ends): seconds until each of its buckets processes again on
+    the other, with ZooKeeper sessions of ``session`` seconds. A crash is heard from the broker;
+    a stopped process keeps its connection, so its buckets wait for its session and a fence."""
     async with Rig(settings, folder, session) as rig:
         rig.coordinator()
         rig.worker("worker-1")
@@ -177,12 +190,15 @@ async def failover(
         victim = rig.fleet.processes["worker-2"]
         lost = (await gather_status(settings)).held_by("worker-2")
         killed = time.time()
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(victim.pid, how)
         await load
+        if how is signal.SIGSTOP:
+            os.kill(victim.pid, signal.SIGCONT)
         await rig.drained()  # the victim's last records died with it: counting cannot tell
         times = figures.recovery_times(rig.lines(), lost, killed, "worker-2")
         return {
             "session_s": session,
+            "signal": how.name,
             "buckets": len(lost),
             "recovered": len(times),
             "failover_s_max": round(max(times), 2) if times else None,

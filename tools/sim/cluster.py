@@ -119,7 +119,7 @@ class Scenario:
         # races a reconnecting worker's announcement), or no event exchange at all.
         coordinator = replace(
             coordinator,
-            crash_grace=rng.choice((0.5, 0.5, 0.05, 0.0)),
+            crash_grace=rng.choice((2.0, 0.5, 0.05, 0.0)),
             crash_events=rng.choice((True, True, True, False)),
         )
         return replace(

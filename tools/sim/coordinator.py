@@ -50,7 +50,7 @@ class CoordinatorConfig:
     settle: float = 1.0
     management_lag: float = 2.0
     session_timeout: float = 4.0
-    crash_grace: float = 0.5
+    crash_grace: float = 2.0
     crash_events: bool = True  # the broker's event exchange is enabled
 
 
@@ -92,20 +92,17 @@ class SimCoordinator(Process):
 
     def _broker_event(self, name: str) -> None:
         """``CrashFeed``: a ``connection.closed`` event of a worker's connection reaches this
-        process over its own AMQP link, if that link and the node are up when it is sent and
-        when it arrives."""
+        process over its own AMQP link, if that link is up when it is sent and when it arrives
+        (a node shutting down still sends the events of the connections it closes)."""
         incarnation = parse_worker_connection_name(name)
-        if incarnation is None or not self.alive or not self._hears_events():
+        if incarnation is None or not self.alive or not self.amqp_link.up:
             return
 
         def arrived() -> None:
-            if self._hears_events():
+            if self.amqp_link.up:
                 self.post(cm.ConnectionClosed(incarnation))
 
         self.later(self.world.latency(), arrived)
-
-    def _hears_events(self) -> bool:
-        return self.amqp_link.up and self.broker.up
 
     def kill(self) -> None:
         super().kill()
@@ -302,10 +299,17 @@ class SimCoordinator(Process):
             if isinstance(answer, ZkError):
                 self.post(cm.ObserveFailed(type(answer).__name__))
                 return
-            gone = frozenset(i for i in ask_gone if self._gone(i))
             registrations = {name: registration for name, (registration, _) in workers.items()}
             versions = {name: version for name, (_, version) in workers.items()}
-            self.post(cm.Observed(registrations, answer, versions, gone))
+            if not ask_gone:
+                self.post(cm.Observed(registrations, answer, versions))
+                return
+
+            def asked() -> None:  # ``leader._asked``: a passive declare each, a round trip
+                gone = frozenset(i for i in ask_gone if self._gone(i))
+                self.post(cm.Observed(registrations, answer, versions, gone))
+
+            self.later(self.world.latency(), asked)
 
         self._call(read_workers, got_workers)
 

@@ -173,8 +173,8 @@ MUTATIONS = (
         "release-after-unconfirmed-close",
         "release after an unconfirmed close",
         LEASES,
-        "            return False\n"
-        "        return not lease.unconfirmed or self._taken_back(lease, now)\n",
+        "            return False\n        return not lease.unconfirmed or "
+        "self._taken_back(lease, now, RETURN_GRACE_SECONDS)\n",
         "            return False\n        return True\n",
     ),
     Mutation(
@@ -227,8 +227,10 @@ MUTATIONS = (
         "release-without-return-grace",
         "a release after a lost connection does not wait for the queues to take back",
         LEASES,
-        "lease.retry_at = self.link_up_since + RETURN_GRACE_SECONDS",
-        "lease.retry_at = self.link_up_since",
+        "            return False\n        return not lease.unconfirmed or "
+        "self._taken_back(lease, now, RETURN_GRACE_SECONDS)\n",
+        "            return False\n        return not lease.unconfirmed or "
+        "self._taken_back(lease, now, 0.0)\n",
     ),
     Mutation(
         "grant-without-return-grace",
@@ -265,8 +267,9 @@ MUTATIONS = (
         "resubscribe-without-return-grace",
         "a bucket still granted is consumed again at once after its connection died",
         LEASES,
-        '"""\n        return not lease.unconfirmed or self._taken_back(lease, now)\n',
-        '"""\n        return True\n',
+        "            return True\n"
+        "        return self._taken_back(lease, now, RETURN_GRACE_SECONDS)\n",
+        "            return True\n        return True\n",
     ),
     Mutation(
         "expel-unchecked",

@@ -95,11 +95,13 @@ class SimWorker(Process):
         self.on_confirm: Callable[[], None] | None = None  # ... for the next session check
         self.on_reconnect: Callable[[], None] | None = None  # ... for the next reconnection
         self.on_link_up: Callable[[], None] | None = None  # ... for when it has been announced
+        self._seen = ""  # the incarnation its registration node last named
         self.was_fenced = False  # a connection of it was closed through the management API
 
     # ------------------------------------------------------------ life
     def start(self) -> None:
         self.client.watch(PATHS.assignment(self.worker_id), self.bound(self._read_assignment))
+        self.client.watch(PATHS.worker(self.worker_id), self.bound(self._read_registration))
         self.client.start()
         self.post(ev.Tick())
 
@@ -181,6 +183,19 @@ class SimWorker(Process):
                 self.post(ev.AssignmentRead(stat.mzxid, Assignment.decode(data)))
 
         self.client.call(lambda zk, _: zk.get(PATHS.assignment(self.worker_id)), self.bound(take))
+
+    def _read_registration(self) -> None:
+        """``Membership._on_registration``: a deletion of the node after it named an
+        incarnation is told to the machine."""
+
+        def take(answer: Any) -> None:
+            if isinstance(answer, NoNode) and self._seen:
+                deleted, self._seen = self._seen, ""
+                self.post(ev.RegistrationDeleted(deleted))
+            elif not isinstance(answer, ZkError):
+                self._seen = Registration.decode(answer[0]).incarnation
+
+        self.client.call(lambda zk, _: zk.get(PATHS.worker(self.worker_id)), self.bound(take))
 
     def _registration(self, incarnation: str, connection: str) -> Registration:
         return Registration(

@@ -61,7 +61,7 @@ class _Pending:
     written: dict[str, Assignment]
     fences: set[Incarnation]
     changed: dict[int, BucketRecord] = field(default_factory=dict)
-    expelled: int = 0
+    expelled: tuple[Incarnation, ...] = ()
 
 
 class CoordinatorMachine:
@@ -73,7 +73,7 @@ class CoordinatorMachine:
         settle: float,
         drain_timeout: float,
         fence_grace: float,
-        crash_grace: float = 0.5,
+        crash_grace: float = 2.0,
         book: FenceBook | None = None,
     ) -> None:
         self.me = me
@@ -138,8 +138,7 @@ class CoordinatorMachine:
         if isinstance(event, ConnectionClosed):
             return self._connection_closed(event.incarnation, now)
         if isinstance(event, ExpelRefused):
-            log.info("coordinator %s: not expelled, it came back: %s", self.me, event.error)
-            self._busy, self._pending = False, None
+            return self._expel_refused(event, now)
         if isinstance(event, Deposed):
             log.warning("coordinator %s: %s; standing down", self.me, event.error)
             return self._resign("deposed")
@@ -166,13 +165,22 @@ class CoordinatorMachine:
         return self._observe(now) if self._due(now) else []
 
     def _connection_closed(self, incarnation: Incarnation, now: float) -> list[Action]:
-        """A connection of ``incarnation`` closed: a suspect if it is a live member (others,
-        and a worker's earlier connections it replaced, are of no concern: the question asked
-        after the grace is whether any connection of it is left)."""
-        if incarnation not in self.members or incarnation in self.suspects:
+        """A connection of ``incarnation`` closed: a suspect if it is a live member (others
+        are of no concern), asked about once the grace has passed since its newest close (the
+        question is whether any connection of it is left)."""
+        if incarnation not in self.members:
             return []
         self.suspects[incarnation] = now
         return [Wake(self.crash_grace)]
+
+    def _expel_refused(self, refused: ExpelRefused, now: float) -> list[Action]:
+        """Nothing of the commit was written: whoever it would have expelled is asked about
+        again at once (the one whose registration changed will be found alive)."""
+        log.info("coordinator %s: not expelled, it came back: %s", self.me, refused.error)
+        pending, self._busy, self._pending = self._pending, False, None
+        for incarnation in pending.expelled if pending else ():
+            self.suspects.setdefault(incarnation, now - self.crash_grace)
+        return self._observe(now)
 
     def _elected(self, event: Elected, now: float) -> list[Action]:
         if self.role is not Role.CLAIMING:
@@ -236,9 +244,8 @@ class CoordinatorMachine:
         records = {**self.records, **decision.records}
         written = {**self.written, **commit.assignments}
         written = {w: a for w, a in written.items() if w not in commit.removed}
-        self._pending = _Pending(
-            records, written, decision.fences, decision.records, len(commit.expelled)
-        )
+        expelled = tuple((w, event.workers[w].incarnation) for w in sorted(crashed))
+        self._pending = _Pending(records, written, decision.fences, decision.records, expelled)
         if not (
             commit.records
             or commit.assignments
@@ -256,7 +263,9 @@ class CoordinatorMachine:
         asked, self._asking = self._asking, ()
         crashed = {}
         for worker, incarnation in asked:
-            self.suspects.pop((worker, incarnation), None)
+            since = self.suspects.get((worker, incarnation))
+            if since is not None and since + self.crash_grace <= self._asked_at:
+                del self.suspects[(worker, incarnation)]  # else it closed again since: ask again
             registration = event.workers.get(worker)
             if (
                 (worker, incarnation) in event.gone
@@ -265,13 +274,6 @@ class CoordinatorMachine:
                 and worker in event.versions
             ):
                 crashed[worker] = event.versions[worker]
-                log.warning(
-                    "worker %s incarnation %s: its AMQP connection closed and none came back "
-                    "within %gs; taking it as crashed and moving its buckets",
-                    worker,
-                    incarnation,
-                    self.crash_grace,
-                )
         return crashed
 
     def _commit_of(
@@ -310,7 +312,15 @@ class CoordinatorMachine:
             if record.epoch > before.epoch:
                 self.grants_made += 1
         self.records, self.written = pending.records, pending.written
-        self.expelled += pending.expelled
+        for worker, incarnation in pending.expelled:
+            self.expelled += 1
+            log.warning(
+                "worker %s incarnation %s: its AMQP connection closed and none came back within "
+                "%gs; expelled as crashed, its buckets move",
+                worker,
+                incarnation,
+                self.crash_grace,
+            )
         fences = sorted(pending.fences - self.fencing)
         self.fencing.update(fences)
         return [Fence(incarnation) for incarnation in fences]

@@ -40,6 +40,7 @@ from hashq.worker.machine.events import (
     Reconnect,
     Registered,
     RegisterFailed,
+    RegistrationDeleted,
     ResumeRunners,
     Session,
     SessionChanged,
@@ -59,6 +60,9 @@ from hashq.worker.machine.states import (
 )
 
 log = logging.getLogger(__name__)
+
+# States in which the worker deletes its own registration: a deletion seen then is its own.
+_DELETES_ITS_OWN = frozenset({WorkerState.WITHDRAWN, WorkerState.STOPPING, WorkerState.STOPPED})
 
 
 class WorkerMachine(WorkerLeases):
@@ -162,10 +166,27 @@ class WorkerMachine(WorkerLeases):
             if event.registration_gone:
                 log.warning("%s; the session is lost", event.error)
                 self.session = Session.LOST
+        elif isinstance(event, RegistrationDeleted):
+            self._registration_deleted(event.incarnation)
         elif isinstance(event, Stop):
             self._stop_by = now + self.stop_within
         else:
             self._take_lease_event(event, now, actions)
+
+    def _registration_deleted(self, incarnation: str) -> None:
+        """Expelled by the coordinator (or deleted by this worker as it withdrew or stopped,
+        when the incarnation is no longer current or the state says so): the grants are void
+        as after a lost session. Cut everything off at once rather than drain, since the
+        buckets go on elsewhere."""
+        if incarnation != self.incarnation or self.state in _DELETES_ITS_OWN:
+            return
+        log.warning(
+            "worker %s incarnation %s: registration deleted by the coordinator (expelled as "
+            "crashed after its AMQP connection closed); the session's grants are void",
+            self.worker_id,
+            incarnation,
+        )
+        self.session = Session.LOST
 
     def _link_to(self, connection: int, now: float) -> bool:
         """Take ``connection`` as the current one; False (and the link down) if it was

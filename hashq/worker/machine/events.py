@@ -83,6 +83,15 @@ class LinkUp:
 
 
 @dataclass(frozen=True)
+class RegistrationDeleted:
+    """The registration node of ``incarnation`` was deleted while the session lives: the
+    coordinator expelled it (its AMQP connection closed and none came back within the crash
+    grace), or the worker deleted it itself."""
+
+    incarnation: str
+
+
+@dataclass(frozen=True)
 class LinkFailed:
     error: str
     registration_gone: bool = False  # the announcement found the registration not ours
@@ -149,6 +158,7 @@ Event = (
     | LinkLost
     | LinkUp
     | LinkFailed
+    | RegistrationDeleted
     | Subscribed
     | ChannelLost
     | Closed

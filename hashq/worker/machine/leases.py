@@ -44,6 +44,7 @@ class WorkerLeases:
     link_up: bool
     link_up_since: float  # when the current connection came up
     connection_number: int
+    _connection: int  # the runtime's number of the current connection
     leases: dict[int, Lease]
     counts: WorkerCounts
     _retry_at: float
@@ -167,7 +168,7 @@ class WorkerLeases:
         connection came up (the cluster test found the reordering this prevents)."""
         if self.session is not Session.CONNECTED or now < lease.retry_at:
             return False
-        return not lease.unconfirmed or self._taken_back(lease, now)
+        return not lease.unconfirmed or self._taken_back(lease, now, RETURN_GRACE_SECONDS)
 
     def _may_resubscribe(self, lease: Lease, now: float) -> bool:
         """A bucket still granted is subscribed again once its closed lease is dropped. A
@@ -178,15 +179,19 @@ class WorkerLeases:
         connection already dying: then it holds no place, and a new consumer would get later
         messages of a key whose earlier ones are still checked out on the dying channel (the
         simulation found it, seed 256). Nothing here can tell the two apart, so a lease whose
-        close the broker did not confirm waits as its release would."""
-        return not lease.unconfirmed or self._taken_back(lease, now)
+        close the broker did not confirm waits as its release would. One whose close merely
+        failed on a connection that is still up is dropped at once, as before: no newer
+        connection would ever come to end the wait."""
+        if not lease.unconfirmed or (self.link_up and self._connection == lease.connection):
+            return True
+        return self._taken_back(lease, now, RETURN_GRACE_SECONDS)
 
-    def _taken_back(self, lease: Lease, now: float) -> bool:
+    def _taken_back(self, lease: Lease, now: float, grace: float) -> bool:
         """A newer connection is up (the old one is gone from its node) and has been for
-        ``RETURN_GRACE_SECONDS``."""
+        ``grace`` seconds."""
         if not (self.link_up and self.connection_number > lease.connection):
             return False
-        lease.retry_at = self.link_up_since + RETURN_GRACE_SECONDS  # also the machine's timer
+        lease.retry_at = self.link_up_since + grace  # also the machine's timer
         return now >= lease.retry_at
 
     # ------------------------------------------------------------ helpers

@@ -33,21 +33,23 @@ FOUND: dict[str, tuple[int, str]] = {
     # fence waits RETURN_GRACE_SECONDS, that wait alone outlasts the owner's noticing in them.
     "a worker cut off from RabbitMQ kept its grants": (12, "no-withdrawal"),
     "a revoked bucket released before the broker dropped its channel": (
-        52,
+        237,
         "release-after-unconfirmed-close",
     ),
-    "a connection that died while announced was taken as up": (16, "lost-taken-as-up"),
+    "a connection that died while announced was taken as up": (85, "lost-taken-as-up"),
     "a deposed leader's lock node blocked every election": (11, "lock-released-once"),
-    "a session check answered before a second pause was believed after it": (10, "finding-8"),
-    "a leader trusted sightings from before a blind spot (its election)": (420, "no-blind-spot"),
+    "a session check answered before a second pause was believed after it": (3, "finding-8"),
+    # "a leader trusted sightings from before a blind spot (its election)" (seed 420 until the
+    # crash rule, mutation no-blind-spot) is shown by no seed from 1 to 1400 of the current
+    # simulator: tests/integration/test_fencing.py keeps the rule (a leader elected again).
     # The cluster test found these two (a RabbitMQ node killed during a handover); the model
     # has them since its queues may take back a dead connection's messages late.
     "a bucket released while its queue still held what a dead connection had": (
-        52,
+        347,
         "release-without-return-grace",
     ),
     "a bucket granted after a fence while its queue still held what was cut off": (
-        25,
+        52,
         "grant-without-return-grace",
     ),
     # The 30-minute chaos run found these two (seed 23): a thread pool smaller than the
@@ -57,15 +59,13 @@ FOUND: dict[str, tuple[int, str]] = {
         "thread-pool-queues",
     ),
     "a thread handed its job before a SIGSTOP began it on resume, past the session": (
-        343,
+        272,
         "thread-begins-unchecked",
     ),
-    # Found once the simulator drew connection-reset faults: a consumer the broker cancelled
-    # while its connection was dying, consumed again at once on the next connection.
-    "a bucket consumed again after a lost connection while its queue still held what it had": (
-        256,
-        "resubscribe-without-return-grace",
-    ),
+    # "a bucket consumed again after a lost connection while its queue still held what it had"
+    # (seed 256 of the simulator at commit b9c8669, mutation resubscribe-without-return-grace)
+    # is shown by no seed from 1 to 1400 of the current one: tests/unit/test_membership.py
+    # keeps the rule.
 }
 
 

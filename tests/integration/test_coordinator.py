@@ -37,6 +37,7 @@ from tests.support.services import Endpoints
 from tests.support.workers import (
     SESSION,
     WorkerProcess,
+    kill_and_time_failover,
     read_appended,
     two_busy_workers,
     wait_for_executions,
@@ -136,21 +137,7 @@ async def test_kill_9_worker_resumes_elsewhere_within_session_and_return_grace_p
     initialized: Settings, cluster: Callable[..., WorkerProcess], record: Path, zk_view: Grants
 ) -> None:
     doomed, expected = await two_busy_workers(initialized, cluster, record, zk_view, 400, 2_000)
-
-    lost = {b for b, r in zk_view.records(initialized.buckets).items() if r.owner == "w1"}
-    doomed.kill()
-    killed_at = time.time()
-    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
-    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
-    for repeat in report.repeats:
-        assert repeat["worker"] == "w2" and repeat["redelivered"]
-    resumed = {
-        int(r["bucket"]): float(r["start"]) - killed_at
-        for r in sorted(read_appended(record), key=lambda r: -float(r["start"]))
-        if r["bucket"] in lost and r["worker"] == "w2"
-    }
-    assert set(resumed) == lost
-    slowest = max(resumed.values())
+    slowest = await kill_and_time_failover(initialized, doomed, record, expected, zk_view)
     print(f"kill -9: buckets resumed after at most {slowest:.2f}s (session {SESSION}s)")
     # A grant after a fence waits RETURN_GRACE_SECONDS (docs/protocol.md, "Returns take
     # time"): the price of never reordering when a queue's leader was on a failed node.

@@ -5,23 +5,33 @@ expire; a worker whose connection is closed under it and that comes back keeps t
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from hashq._io.amqp import connect_amqp
 from hashq._io.management import Management
 from hashq.errors import WorkerReturned
-from hashq.records import RETURN_GRACE_SECONDS, BucketRecord, BucketState, Paths, Registration
+from hashq.records import (
+    RETURN_GRACE_SECONDS,
+    BucketRecord,
+    BucketState,
+    Paths,
+    Registration,
+    worker_connection_name,
+)
 from hashq.settings import Settings
+from hashq_coordinator.crashes import RETRY_SECONDS, CrashFeed, FeedState
 from hashq_coordinator.fencing.cutoff import close_connection
+from hashq_coordinator.settings import CoordinatorSettings
 from hashq_coordinator.store import Store
 from tests.support.grants import Grants
 from tests.support.helpers import open_zk
 from tests.support.workers import (
     WorkerProcess,
-    read_appended,
+    kill_and_time_failover,
     two_busy_workers,
     wait_for_executions,
 )
@@ -38,18 +48,7 @@ async def test_kill_9_moves_the_buckets_long_before_the_session_expires(
     doomed, expected = await two_busy_workers(
         initialized, cluster, record, zk_view, 300, 1_500, **session
     )
-    lost = {b for b, r in zk_view.records(initialized.buckets).items() if r.owner == "w1"}
-    doomed.kill()
-    killed_at = time.time()
-    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
-    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
-    resumed = {
-        int(r["bucket"]): float(r["start"]) - killed_at
-        for r in sorted(read_appended(record), key=lambda r: -float(r["start"]))
-        if r["bucket"] in lost and r["worker"] == "w2"
-    }
-    assert set(resumed) == lost
-    slowest = max(resumed.values())
+    slowest = await kill_and_time_failover(initialized, doomed, record, expected, zk_view)
     print(f"kill -9, {LONG_SESSION:g}s sessions: buckets resumed after at most {slowest:.2f}s")
     # The grace, then the return grace every grant after a fence waits; never the session.
     assert RETURN_GRACE_SECONDS <= slowest < CRASH_GRACE + RETURN_GRACE_SECONDS + 2
@@ -126,3 +125,34 @@ async def test_a_worker_whose_registration_is_deleted_under_it_starts_a_new_life
     assert renewed
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
     assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
+
+
+async def test_the_crash_feed_says_once_when_it_cannot_listen(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Listening in the plugin's vhost it hears a closed connection of a worker's name; pointed
+    at a vhost it cannot use it says so once, at ERROR, and is not listening (the metric's 0)."""
+    heard: list[tuple[str, str]] = []
+    good = CrashFeed(CoordinatorSettings(**_shared(settings)), heard.append)
+    bad = CrashFeed(
+        CoordinatorSettings(**_shared(settings), events_vhost="hashq-no-such-vhost"),
+        heard.append,
+    )
+    tasks = [asyncio.ensure_future(feed.run()) for feed in (good, bad)]
+    try:
+        await eventually(lambda: good.listening, within=10)
+        named = await connect_amqp(settings, worker_connection_name("w7", "c0ffee00", 3))
+        await named.close()
+        await eventually(lambda: ("w7", "c0ffee00") in heard, within=5)
+        await asyncio.sleep(2 * RETRY_SECONDS)  # retries meanwhile: still one line
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert not bad.listening and bad.state is FeedState.DISCONNECTED
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "crash detection" in r.msg]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+
+
+def _shared(settings: Settings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in Settings.model_fields}

@@ -5,6 +5,7 @@ that kill -9, SIGSTOP and SIGTERM are real), and waiting for what they executed.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ __all__ = [
     "Verdict",
     "WorkerProcess",
     "check",
+    "kill_and_time_failover",
     "read_appended",
     "start_coordinator",
     "stop_cleanly",
@@ -112,3 +114,29 @@ async def two_busy_workers(
     await publish(settings, messages)
     await eventually(lambda: len(read_appended(record)) > executed)
     return first, expected
+
+
+async def kill_and_time_failover(
+    settings: Settings,
+    doomed: WorkerProcess,
+    record: Path,
+    expected: dict[str, int],
+    zk_view: Grants,
+) -> float:
+    """Kill ``doomed`` (w1) with -9 while w2 works beside it: every message done, in order,
+    never two at once, only w2 repeating what w1 had held; the seconds until the last of w1's
+    buckets started a message on w2."""
+    lost = {b for b, r in zk_view.records(settings.buckets).items() if r.owner == "w1"}
+    doomed.kill()
+    killed_at = time.time()
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
+    for repeat in report.repeats:
+        assert repeat["worker"] == "w2" and repeat["redelivered"]
+    resumed = {
+        int(r["bucket"]): float(r["start"]) - killed_at
+        for r in sorted(read_appended(record), key=lambda r: -float(r["start"]))
+        if r["bucket"] in lost and r["worker"] == "w2"
+    }
+    assert set(resumed) == lost
+    return max(resumed.values())

@@ -94,5 +94,43 @@ def test_a_bucket_whose_connection_died_is_consumed_again_only_after_the_return_
     assert [(a.bucket, a.epoch) for a in again if isinstance(a, ev.Subscribe)] == [(0, 1)]
 
 
+def _subscribed(machine: WorkerMachine, now: float) -> int:
+    actions = machine.handle(ev.AssignmentRead(int(now * 10), Assignment("i1", {0: 1})), now)
+    (subscribe,) = [a for a in actions if isinstance(a, ev.Subscribe)]
+    machine.handle(ev.Subscribed(subscribe.lease), now)
+    return subscribe.lease
+
+
+def test_a_channel_whose_close_failed_on_a_live_connection_is_consumed_again_at_once() -> None:
+    """No newer connection will come to end a wait, so the bucket is not held back; also after
+    a failed reconnect attempt, which numbers the machine's connections unlike the runtime's."""
+    machine = _registered()
+    machine.handle(ev.LinkLost(1), 1.0)
+    machine.handle(ev.LinkFailed("refused"), 1.1)
+    (again,) = [a for a in machine.handle(ev.Tick(), 2.2) if isinstance(a, ev.Reconnect)]
+    machine.handle(ev.LinkUp(2), 2.3)  # the runtime's second connection, the third attempt
+    lease = _subscribed(machine, 2.4)
+    (cut,) = machine.handle(ev.ChannelLost(lease, "consumer cancelled"), 3.0)
+    assert isinstance(cut, ev.CutOff) and again.number == 3
+    actions = machine.handle(ev.Closed(lease, confirmed=False), 3.1)  # the close failed
+    assert [(a.bucket, a.epoch) for a in actions if isinstance(a, ev.Subscribe)] == [(0, 1)]
+
+
+def test_after_a_failed_attempt_a_bucket_whose_connection_died_still_waits() -> None:
+    machine = _registered()
+    machine.handle(ev.LinkLost(1), 1.0)
+    machine.handle(ev.LinkFailed("refused"), 1.1)
+    machine.handle(ev.Tick(), 2.2)  # the third attempt
+    machine.handle(ev.LinkUp(2), 2.3)
+    lease = _subscribed(machine, 2.4)
+    machine.handle(ev.LinkLost(2), 3.0)
+    machine.handle(ev.Closed(lease, confirmed=False), 3.0)
+    machine.handle(ev.LinkUp(3), 3.1)
+    early = machine.handle(ev.Tick(), 3.1 + RETURN_GRACE_SECONDS - 0.1)
+    assert not [a for a in early if isinstance(a, ev.Subscribe)]
+    later = machine.handle(ev.Tick(), 3.1 + RETURN_GRACE_SECONDS)
+    assert [(a.bucket, a.epoch) for a in later if isinstance(a, ev.Subscribe)] == [(0, 1)]
+
+
 def _session(machine: WorkerMachine) -> ev.Session:
     return machine.session

@@ -61,8 +61,9 @@ from hashq.worker.machine.states import (
 
 log = logging.getLogger(__name__)
 
-# States in which the worker deletes its own registration: a deletion seen then is its own.
-_DELETES_ITS_OWN = frozenset({WorkerState.WITHDRAWN, WorkerState.STOPPING, WorkerState.STOPPED})
+# The state in which the worker has deleted its registration itself while it still names its
+# incarnation (a withdrawal clears the incarnation first): a deletion seen then is its own.
+_DELETES_ITS_OWN = frozenset({WorkerState.STOPPED})
 
 
 class WorkerMachine(WorkerLeases):

@@ -44,7 +44,6 @@ class WorkerLeases:
     link_up: bool
     link_up_since: float  # when the current connection came up
     connection_number: int
-    _connection: int  # the runtime's number of the current connection
     leases: dict[int, Lease]
     counts: WorkerCounts
     _retry_at: float
@@ -182,7 +181,7 @@ class WorkerLeases:
         close the broker did not confirm waits as its release would. One whose close merely
         failed on a connection that is still up is dropped at once, as before: no newer
         connection would ever come to end the wait."""
-        if not lease.unconfirmed or (self.link_up and self._connection == lease.connection):
+        if not lease.unconfirmed or (self.link_up and self.connection_number == lease.connection):
             return True
         return self._taken_back(lease, now, RETURN_GRACE_SECONDS)
 

@@ -3,7 +3,7 @@ the worst moment: only a timing exposes these holes."""
 
 from __future__ import annotations
 
-from hashq.records import RETURN_GRACE_SECONDS, Assignment
+from hashq.records import Assignment
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
@@ -70,66 +70,6 @@ def test_a_worker_without_rabbitmq_withdraws_then_registers_again_on_its_own_tim
     assert machine.state is WorkerState.WITHDRAWN
     assert machine.wake_at is not None
     assert ev.BeginIncarnation() in machine.handle(ev.Tick(), machine.wake_at)
-
-
-def test_a_bucket_whose_connection_died_is_consumed_again_only_after_the_return_grace() -> None:
-    """The broker may have cancelled the consumer unseen while the connection was dying; the
-    queue may then hand its later messages to a new consumer before it takes back the dying
-    channel's (the simulation's seed 256). Still granted, the bucket waits on the new
-    connection as a release would."""
-    machine = _registered()
-    (subscribe,) = machine.handle(ev.AssignmentRead(1, Assignment("i1", {0: 1})), 1.0)
-    assert isinstance(subscribe, ev.Subscribe)
-    machine.handle(ev.Subscribed(subscribe.lease), 1.1)
-    lost = machine.handle(ev.LinkLost(1), 2.0)
-    (cut,) = [a for a in lost if isinstance(a, ev.CutOff)]
-    assert ev.Reconnect(2) in lost
-    machine.handle(ev.Closed(cut.lease, confirmed=False), 2.0)
-    machine.handle(ev.LinkUp(2), 2.1)
-    machine.handle(ev.AssignmentRead(1, Assignment("i1", {0: 1})), 2.2)
-    early = machine.handle(ev.Tick(), 2.1 + RETURN_GRACE_SECONDS - 0.1)
-    assert not [a for a in early if isinstance(a, ev.Subscribe)]
-    assert machine.wake_at is not None and machine.wake_at <= 2.1 + RETURN_GRACE_SECONDS
-    again = machine.handle(ev.Tick(), 2.1 + RETURN_GRACE_SECONDS)
-    assert [(a.bucket, a.epoch) for a in again if isinstance(a, ev.Subscribe)] == [(0, 1)]
-
-
-def _subscribed(machine: WorkerMachine, now: float) -> int:
-    actions = machine.handle(ev.AssignmentRead(int(now * 10), Assignment("i1", {0: 1})), now)
-    (subscribe,) = [a for a in actions if isinstance(a, ev.Subscribe)]
-    machine.handle(ev.Subscribed(subscribe.lease), now)
-    return subscribe.lease
-
-
-def test_a_channel_whose_close_failed_on_a_live_connection_is_consumed_again_at_once() -> None:
-    """No newer connection will come to end a wait, so the bucket is not held back; also after
-    a failed reconnect attempt, which numbers the machine's connections unlike the runtime's."""
-    machine = _registered()
-    machine.handle(ev.LinkLost(1), 1.0)
-    machine.handle(ev.LinkFailed("refused"), 1.1)
-    (again,) = [a for a in machine.handle(ev.Tick(), 2.2) if isinstance(a, ev.Reconnect)]
-    machine.handle(ev.LinkUp(2), 2.3)  # the runtime's second connection, the third attempt
-    lease = _subscribed(machine, 2.4)
-    (cut,) = machine.handle(ev.ChannelLost(lease, "consumer cancelled"), 3.0)
-    assert isinstance(cut, ev.CutOff) and again.number == 3
-    actions = machine.handle(ev.Closed(lease, confirmed=False), 3.1)  # the close failed
-    assert [(a.bucket, a.epoch) for a in actions if isinstance(a, ev.Subscribe)] == [(0, 1)]
-
-
-def test_after_a_failed_attempt_a_bucket_whose_connection_died_still_waits() -> None:
-    machine = _registered()
-    machine.handle(ev.LinkLost(1), 1.0)
-    machine.handle(ev.LinkFailed("refused"), 1.1)
-    machine.handle(ev.Tick(), 2.2)  # the third attempt
-    machine.handle(ev.LinkUp(2), 2.3)
-    lease = _subscribed(machine, 2.4)
-    machine.handle(ev.LinkLost(2), 3.0)
-    machine.handle(ev.Closed(lease, confirmed=False), 3.0)
-    machine.handle(ev.LinkUp(3), 3.1)
-    early = machine.handle(ev.Tick(), 3.1 + RETURN_GRACE_SECONDS - 0.1)
-    assert not [a for a in early if isinstance(a, ev.Subscribe)]
-    later = machine.handle(ev.Tick(), 3.1 + RETURN_GRACE_SECONDS)
-    assert [(a.bucket, a.epoch) for a in later if isinstance(a, ev.Subscribe)] == [(0, 1)]
 
 
 def _session(machine: WorkerMachine) -> ev.Session:

@@ -173,9 +173,8 @@ MUTATIONS = (
         "release-after-unconfirmed-close",
         "release after an unconfirmed close",
         LEASES,
-        "            return False\n        return not lease.unconfirmed or "
-        "self._taken_back(lease, now, RETURN_GRACE_SECONDS)\n",
-        "            return False\n        return True\n",
+        "        if not lease.unconfirmed:\n            return True\n",
+        "        return True\n",
     ),
     Mutation(
         "lost-taken-as-up",
@@ -227,10 +226,8 @@ MUTATIONS = (
         "release-without-return-grace",
         "a release after a lost connection does not wait for the queues to take back",
         LEASES,
-        "            return False\n        return not lease.unconfirmed or "
-        "self._taken_back(lease, now, RETURN_GRACE_SECONDS)\n",
-        "            return False\n        return not lease.unconfirmed or "
-        "self._taken_back(lease, now, 0.0)\n",
+        "lease.retry_at = self.link_up_since + RETURN_GRACE_SECONDS",
+        "lease.retry_at = self.link_up_since",
     ),
     Mutation(
         "grant-without-return-grace",
@@ -262,14 +259,6 @@ MUTATIONS = (
         "        self._retry_at = now + RETRY_SECONDS"
         "  # the timer that begins the next incarnation\n",
         "",
-    ),
-    Mutation(
-        "resubscribe-without-return-grace",
-        "a bucket still granted is consumed again at once after its connection died",
-        LEASES,
-        "            return True\n"
-        "        return self._taken_back(lease, now, RETURN_GRACE_SECONDS)\n",
-        "            return True\n        return True\n",
     ),
     Mutation(
         "expel-unchecked",

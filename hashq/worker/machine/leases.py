@@ -142,10 +142,8 @@ class WorkerLeases:
         for lease in list(self.leases.values()):
             if lease.phase is not Phase.CLOSED or lease.running:
                 continue
-            if lease.void or (not lease.revoked and self._may_resubscribe(lease, now)):
+            if not lease.revoked or lease.void:
                 del self.leases[lease.number]
-            elif not lease.revoked:
-                continue
             elif lease.incarnation != self.incarnation or self.session is Session.LOST:
                 del self.leases[lease.number]  # that life's grants are void: it is fenced
             elif self._may_release(lease, now):
@@ -167,30 +165,11 @@ class WorkerLeases:
         connection came up (the cluster test found the reordering this prevents)."""
         if self.session is not Session.CONNECTED or now < lease.retry_at:
             return False
-        return not lease.unconfirmed or self._taken_back(lease, now, RETURN_GRACE_SECONDS)
-
-    def _may_resubscribe(self, lease: Lease, now: float) -> bool:
-        """A bucket still granted is subscribed again once its closed lease is dropped. A
-        consumer that was still the queue's active one when its connection died keeps that
-        place until the broker ends its channel and takes back what it held, so a new one
-        waits behind it (single active consumer). But the broker may have cancelled it
-        (``basic.cancel``) in a moment when the notice could not reach this process, its
-        connection already dying: then it holds no place, and a new consumer would get later
-        messages of a key whose earlier ones are still checked out on the dying channel (the
-        simulation found it, seed 256). Nothing here can tell the two apart, so a lease whose
-        close the broker did not confirm waits as its release would. One whose close merely
-        failed on a connection that is still up is dropped at once, as before: no newer
-        connection would ever come to end the wait."""
-        if not lease.unconfirmed or (self.link_up and self.connection_number == lease.connection):
+        if not lease.unconfirmed:
             return True
-        return self._taken_back(lease, now, RETURN_GRACE_SECONDS)
-
-    def _taken_back(self, lease: Lease, now: float, grace: float) -> bool:
-        """A newer connection is up (the old one is gone from its node) and has been for
-        ``grace`` seconds."""
         if not (self.link_up and self.connection_number > lease.connection):
             return False
-        lease.retry_at = self.link_up_since + grace  # also the machine's timer
+        lease.retry_at = self.link_up_since + RETURN_GRACE_SECONDS  # also the machine's timer
         return now >= lease.retry_at
 
     # ------------------------------------------------------------ helpers

@@ -151,8 +151,9 @@ class Store:
 
 
 def _refused(results: list[object], expelled: list[str]) -> None:
-    """Raise for a refused transaction: the operation that failed is the one whose result is
-    not ``RolledBackError``. The two checks come first, then one delete per expelled worker."""
+    """Raise for a refused transaction. kazoo reports the operations before the one that failed
+    as ``RolledBackError`` and those after it as ``RuntimeInconsistency``: the failed one is the
+    first other exception. The two checks come first, then one delete per expelled worker."""
     for index, result in enumerate(results):
         if isinstance(result, Exception) and not isinstance(result, RolledBackError):
             if 2 <= index < 2 + len(expelled):

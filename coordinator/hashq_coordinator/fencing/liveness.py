@@ -12,6 +12,7 @@ is alive but stuck must still be closed through the API.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aio_pika.abc import AbstractConnection
@@ -31,6 +32,9 @@ class Liveness:
         self._settings = settings
         self._topology = topology
         self._connection: AbstractConnection | None = None
+        # Questions are asked concurrently (the leader's suspects, fences): one connects, so
+        # that no connection opened by another is dropped without being closed.
+        self._connecting = asyncio.Lock()
 
     async def gone(self, worker_id: str, incarnation: str) -> bool:
         """True only if the broker says no connection of the incarnation exists now; False if
@@ -53,11 +57,14 @@ class Liveness:
         return False
 
     async def _connect(self) -> AbstractConnection:
-        if not connection_usable(self._connection):
-            if self._connection is not None:
-                await close_quietly(self._connection)
-            self._connection = await connect_amqp(self._settings, connection_name("coordinator"))
-        return self._connection
+        async with self._connecting:
+            if not connection_usable(self._connection):
+                if self._connection is not None:
+                    await close_quietly(self._connection)
+                self._connection = await connect_amqp(
+                    self._settings, connection_name("coordinator")
+                )
+            return self._connection
 
     async def close(self) -> None:
         if self._connection is not None:

@@ -32,6 +32,11 @@ PROTOCOL_VERSION = 2
 # 4.9 s, stays just below it). Neither a worker's release after a lost connection nor a grant after
 # a fence lets the next owner consume sooner (docs/protocol.md, "Returns take time").
 RETURN_GRACE_SECONDS = 5.0
+# How long after the broker last answered it a worker may start a message delivered on that
+# connection (``hashq.worker.machine.contact``): so a connection the broker closed starts nothing
+# in its worker this long after the close, whatever that worker knows (docs/protocol.md,
+# "Granting before the return grace: the old owner's bound").
+BROKER_CONTACT_SECONDS = 1.0
 
 
 class BucketState(enum.Enum):

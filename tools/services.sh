@@ -364,9 +364,19 @@ rabbit_eval() {
     "$RABBIT_BIN/rabbitmqctl" eval "$1"
 }
 
+# pause|resume rabbitmq: SIGSTOP or SIGCONT the local broker, which then answers nothing while
+# every connection stays open (tests of a broker that stops answering). Local servers only.
+rabbit_signal() {
+    use_docker && die "pause and resume work with the local servers only"
+    rabbit_alive || die "rabbitmq is not running"
+    kill "-$1" "$(cat "$STATE/rabbitmq/rabbit.pid")"
+}
+
 main() {
     local cmd=${1:-status} target=${2:-}
     if [ "$cmd" = rabbit-eval ]; then rabbit_eval "$target"; return; fi
+    if [ "$cmd" = pause ] && [ "$target" = rabbitmq ]; then rabbit_signal STOP; return; fi
+    if [ "$cmd" = resume ] && [ "$target" = rabbitmq ]; then rabbit_signal CONT; return; fi
     case "$target" in ""|rabbitmq|zookeeper) ;; *) die "unknown service '$target' (rabbitmq or zookeeper)";; esac
     case "$cmd" in
         up|down|restart|kill)
@@ -393,7 +403,7 @@ main() {
             done ;;
         status) status ;;
         env) print_env ;;
-        *) die "usage: $0 up|down|restart|kill|status|env [rabbitmq|zookeeper], or rabbit-eval EXPR" ;;
+        *) die "usage: $0 up|down|restart|kill|status|env [rabbitmq|zookeeper], pause|resume rabbitmq, or rabbit-eval EXPR" ;;
     esac
 }
 

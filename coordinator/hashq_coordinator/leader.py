@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from hashq.errors import Deposed, WorkerReturned
 from hashq_coordinator.machine import events as cm
-from hashq_coordinator.machine.fencebook import Incarnation
 from hashq_coordinator.store import Store
 
 # Whether the broker says a worker incarnation has no connection left.
 Gone = Callable[[str, str], Awaitable[bool]]
+# Whether a bucket queue says no consumer holds any of its messages.
+Held = Callable[[int], Awaitable[bool]]
 QUESTION_SECONDS = 2.0  # how long the leader waits for the broker's word on a suspect
+# ... and on a bucket queue: asked at every observation while buckets wait, so briefly (a queue
+# that does not answer in time is asked again at the next).
+HELD_SECONDS = 0.5
+T = TypeVar("T")
 
 
 async def claim(store: Store, me: str) -> cm.Event:
@@ -29,10 +35,11 @@ async def claim(store: Store, me: str) -> cm.Event:
     return cm.Elected(leadership.epoch, version, records, written)
 
 
-async def observe(store: Store, ask_gone: tuple[Incarnation, ...], gone: Gone) -> cm.Event:
+async def observe(store: Store, asked: cm.Observe, gone: Gone, holds_nothing: Held) -> cm.Event:
     """The registrations (with their versions) and the releases; then, only after them, the
     broker's word on each suspect, so that a worker that takes its liveness queue again after
-    the question has to write its registration after the version read here."""
+    the question has to write its registration after the version read here, and on each bucket
+    queue asked about (after the fence the machine waits on, which finished before it asked)."""
     try:
         members = await asyncio.to_thread(store.workers)
         releases = await asyncio.to_thread(store.releases)
@@ -40,16 +47,26 @@ async def observe(store: Store, ask_gone: tuple[Incarnation, ...], gone: Gone) -
         return cm.ObserveFailed(repr(exc))
     workers = {worker: member.registration for worker, member in members.items()}
     versions = {worker: member.version for worker, member in members.items()}
-    answers = await asyncio.gather(*(_asked(gone, incarnation) for incarnation in ask_gone))
-    said = frozenset(i for i, answer in zip(ask_gone, answers, strict=True) if answer)
-    return cm.Observed(workers, releases, versions, said)
+    gone_ones, emptied = await asyncio.gather(
+        _yes(asked.ask_gone, lambda incarnation: gone(*incarnation), QUESTION_SECONDS),
+        _yes(asked.ask_held, holds_nothing, HELD_SECONDS),
+    )
+    return cm.Observed(workers, releases, versions, gone_ones, emptied)
 
 
-async def _asked(gone: Gone, incarnation: Incarnation) -> bool:
-    """The broker's word, or False (it lives) if it does not answer within
-    ``QUESTION_SECONDS``: the leader's loop waits for this."""
+async def _yes(
+    about: tuple[T, ...], question: Callable[[T], Awaitable[bool]], within: float
+) -> frozenset[T]:
+    """Those of ``about`` the broker says yes about, all asked at once; no answer within
+    ``within`` counts as no (it lives; the queue may still hold something): the leader's loop
+    waits for this."""
+    answers = await asyncio.gather(*(_asked(question(one), within) for one in about))
+    return frozenset(one for one, yes in zip(about, answers, strict=True) if yes)
+
+
+async def _asked(question: Awaitable[bool], within: float) -> bool:
     try:
-        return await asyncio.wait_for(gone(*incarnation), QUESTION_SECONDS)
+        return await asyncio.wait_for(question, within)
     except Exception:
         return False
 

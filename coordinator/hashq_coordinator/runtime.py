@@ -77,6 +77,7 @@ class Coordinator:
             drain_timeout=settings.drain_timeout,
             fence_grace=settings.fence_grace,
             crash_grace=settings.crash_grace,
+            ask_returns=settings.early_grant and self.topology.queue_type == "quorum",
             book=self.fencer.book,
         )
         self.crashes = CrashFeed(settings, lambda i: self.post(cm.ConnectionClosed(i)))
@@ -167,7 +168,11 @@ class Coordinator:
 
     async def _do(self, action: cm.Action) -> None:
         if isinstance(action, cm.Observe):
-            self.post(await leader.observe(self._store, action.ask_gone, self.fencer.gone))
+            self.post(
+                await leader.observe(
+                    self._store, action, self.fencer.gone, self.fencer.holds_nothing
+                )
+            )
         elif isinstance(action, cm.Commit):
             self.post(await leader.commit(self._store, action))
         elif isinstance(action, cm.Fence):

@@ -36,6 +36,13 @@ class CoordinatorSettings(ServiceSettings):
         description="seconds a worker whose AMQP connection closed has to come back before it "
         "is taken as crashed and its buckets move",
     )
+    early_grant: bool = Field(
+        True,
+        description="grant a fenced bucket once its quorum queue says it took back what the "
+        "old owner held (and the owner's 1 s bound on starts passed), rather than after the "
+        "5 s return grace; off: always wait the grace (RabbitMQ clusters that expect node "
+        "splits, where a member behind could answer)",
+    )
     events_vhost: str = Field(
         "/",
         description="the vhost of RabbitMQ's event exchange (rabbitmq_event_exchange), where "

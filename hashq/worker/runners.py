@@ -28,7 +28,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from hashq.errors import Undecodable
 from hashq.message import Handler, Message, MessageHandler
@@ -37,6 +37,22 @@ from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job, Later, Outcomes
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
+
+
+class Heard(Protocol):
+    """Whether the broker answered the worker lately (``hashq.worker.contact.ContactKeeper``):
+    runners start a delivered message only then."""
+
+    def heard(self) -> bool: ...
+    async def heard_again(self) -> None: ...
+
+
+class _AlwaysHeard:
+    def heard(self) -> bool:
+        return True
+
+    async def heard_again(self) -> None:
+        return None
 
 
 class Runners:
@@ -53,6 +69,7 @@ class Runners:
         codec: str,
         metrics: WorkerMetrics,
         awake: Callable[[], bool] = lambda: True,
+        contact: Heard | None = None,
         keys_in_clear: bool = False,
         later: Later | None = None,
     ) -> None:
@@ -60,6 +77,7 @@ class Runners:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hashq-handler")
         self._codec = codec
         self._awake = awake
+        self._contact = contact or _AlwaysHeard()
         self._metrics = metrics
         self._outcomes = Outcomes(
             policy, dead_letters, metrics, self.dispatch, keys_in_clear, later
@@ -113,6 +131,10 @@ class Runners:
                 self.pause()  # the process was paused: the worker confirms its session first
             if not self._may_start.is_set():
                 self._ready.put_nowait(job)  # paused while we waited: leave it for later
+                continue
+            if not self._contact.heard():
+                self._ready.put_nowait(job)  # the broker has not answered lately: wait for it
+                await self._contact.heard_again()
                 continue
             await self._execute(job, me)
 
@@ -186,16 +208,21 @@ class Runners:
 
     def _may_begin(self, job: Job) -> float | None:
         """The last look before a handler begins: the clock (its ``Message.started_at``) if the
-        process was not paused since the watchdog's last tick, the runners are not paused and
-        the lease still consumes; None if not. Checked in that order, the reverse of the
-        watchdog's (it pauses, then ticks).
+        process was not paused since the watchdog's last tick, the runners are not paused, the
+        broker answered lately (``hashq.worker.contact``) and the lease still consumes; None if
+        not. Checked in that order, the reverse of the watchdog's (it pauses, then ticks).
 
         The clock is read before the checks, not after: a stop between them shows in
         ``_awake``, which reads the clock itself. Read after, a stop in between (a thread that
         passed the checks and waits for the interpreter lock) would date the start after the
         stop, after its bucket had gone on elsewhere: a fenced zombie's start seen as stale."""
         deciding = time.monotonic()
-        if self._awake() and self._may_start.is_set() and job.lease.may_start(job):
+        if (
+            self._awake()
+            and self._may_start.is_set()
+            and self._contact.heard()
+            and job.lease.may_start(job)
+        ):
             return deciding
         return None
 

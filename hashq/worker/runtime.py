@@ -29,6 +29,7 @@ from hashq.routing import App
 from hashq.settings import WorkerSettings, default_worker_id
 from hashq.topology import Topology
 from hashq.worker.bucket_lease import BucketLease, LeaseState
+from hashq.worker.contact import ContactKeeper
 from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
@@ -38,12 +39,12 @@ from hashq.worker.retry import RetryPolicy
 from hashq.worker.runners import Runners
 from hashq.worker.session import Membership
 from hashq.worker.starvation import StarvationWatch
+from hashq.worker.watchdog import PauseWatch
 
 __all__ = ["Worker", "WorkerState", "default_worker_id"]
 
 log = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.1  # the watchdog's
 IDLE_SECONDS = 1.0  # the loop looks at least this often (a consumer the broker cancelled)
 REMINDER_SECONDS = 30.0
 
@@ -67,11 +68,11 @@ class Worker:
         self._membership = Membership(settings, self.worker_id, settings.capacity, self.post)
         self._dead_letters = DeadLetters(self.topology, self.worker_id)
         self._connection: AbstractConnection | None = None
+        self._contact = ContactKeeper()  # of the current connection: runners start while fresh
         self._leases: dict[int, BucketLease] = {}  # by the machine's lease number
         self._connection_numbers = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._last_tick = time.monotonic()
-        self._pause_limit = max(0.5, settings.zk_session_timeout / 4)
+        self._watchdog = PauseWatch(settings.zk_session_timeout, self._pause_seen)
         self._reminded = 0.0
         self._fatal: BaseException | None = None  # why the worker cannot go on, if so
         self._starvation = StarvationWatch()
@@ -96,6 +97,11 @@ class Worker:
         missing = sorted(set(self.machine.grants()) - set(self.machine.consuming()))
         if missing:
             return False, f"worker {self.worker_id}: granted buckets {missing} not consumed yet"
+        if connection_usable(self._connection) and not self._contact.heard():
+            return (
+                False,
+                f"worker {self.worker_id}: RabbitMQ has not answered lately: starts nothing",
+            )
         if self._starvation.starved:
             starved = sorted(self._starvation.starved)
             return False, f"worker {self.worker_id}: buckets {starved} get nothing from full queues"
@@ -113,7 +119,7 @@ class Worker:
         await ensure_topology(self.settings, check_bindings=False)
         self._runners.start()
         starvation = self._starvation.run(self._leases.values, lambda: self._connection)
-        watchers = [asyncio.ensure_future(w) for w in (self._watch_for_pauses(), starvation)]
+        watchers = [asyncio.ensure_future(w) for w in (self._watchdog.run(), starvation)]
         stopping = asyncio.ensure_future(self._post_stop(stop))
         try:
             await self._membership.start()
@@ -258,10 +264,12 @@ class Worker:
         liveness = self.topology.liveness_queue(self.worker_id, incarnation)
         await channel.declare_queue(liveness, exclusive=True, auto_delete=True)
         await channel.close()
+        self._contact.start(connection)
         await self._dead_letters.open(connection)
         return number
 
     async def _drop_connection(self) -> None:
+        self._contact.stop()
         if self._connection is not None:
             connection, self._connection = self._connection, None
             await close_quietly(connection)
@@ -338,24 +346,9 @@ class Worker:
         self.post(ev.ReleaseWritten(action.lease))
 
     # ------------------------------------------------------------ pauses and the end
-    async def _watch_for_pauses(self) -> None:
-        """A process stopped (SIGSTOP, a long GC, a starved VM) may come back after its session
-        expired, holding deliveries it must not start. A tick that comes much too late means
-        such a pause: start nothing until ZooKeeper confirms the session."""
-        while True:
-            await asyncio.sleep(TICK_SECONDS)
-            now = time.monotonic()
-            last = self._last_tick
-            if now - last > self._pause_limit:
-                # Pause first, then let runners see a fresh tick: never the other way round.
-                self._runners.pause()
-                self.post(ev.PauseSeen(now - last))
-            self._last_tick = now
-
-    def _awake(self) -> bool:
-        """False if the watchdog has not ticked for longer than a pause (checked by runners
-        before they start a job)."""
-        return time.monotonic() - self._last_tick <= self._pause_limit
+    def _pause_seen(self, paused: float) -> None:
+        self._runners.pause()
+        self.post(ev.PauseSeen(paused))
 
     async def _close_all(self) -> None:
         """Exiting: tasks still under way (a release, a handler thread) get a bounded time."""
@@ -379,7 +372,8 @@ class Worker:
             dead_letters=self._dead_letters,
             codec=self.settings.codec,
             metrics=self.metrics,
-            awake=self._awake,
+            awake=self._watchdog.awake,
+            contact=self._contact,
             keys_in_clear=self.settings.log_keys == "clear",
         )
 

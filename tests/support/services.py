@@ -58,6 +58,8 @@ class Endpoints:
     restart: Callable[[str], None] | None = None  # "rabbitmq" or "zookeeper"
     stop: Callable[[str], None] | None = None
     start: Callable[[str], None] | None = None
+    pause: Callable[[str], None] | None = None  # SIGSTOP "rabbitmq": it answers nothing
+    resume: Callable[[str], None] | None = None
     cleanup: Callable[[], None] | None = None
     tls: TlsEndpoints | None = None
     rabbit_eval: Callable[[str], str] | None = None  # an Erlang expression in the broker
@@ -93,6 +95,8 @@ def from_script() -> Endpoints | None:
         restart=control("restart"),
         stop=control("down"),
         start=control("up"),
+        pause=control("pause"),
+        resume=control("resume"),
         tls=TlsEndpoints.from_script_env(env),
         rabbit_eval=rabbit_eval,
     )

@@ -22,7 +22,7 @@ from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
-from hashq.worker.runners import Runners
+from hashq.worker.runners import Heard, Runners
 
 
 async def test_a_thread_handler_cut_off_twice_is_waited_for_until_it_returns() -> None:
@@ -81,7 +81,12 @@ class _Lease:
 
 
 def _runners(
-    handler: object, *, concurrency: int, threads: int, awake: Callable[[], bool] = lambda: True
+    handler: object,
+    *,
+    concurrency: int,
+    threads: int,
+    awake: Callable[[], bool] = lambda: True,
+    contact: Heard | None = None,
 ) -> Runners:
     return Runners(
         handler,  # type: ignore[arg-type]
@@ -92,6 +97,7 @@ def _runners(
         codec="raw",
         metrics=WorkerMetrics(["running"]),
         awake=awake,
+        contact=contact,
     )
 
 

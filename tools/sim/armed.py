@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING
 from hashq.records import BucketRecord, BucketState
 from hashq_coordinator.machine.events import Commit
 from tools.sim.faults import Fault
-from tools.sim.links import cut_zk, cut_zk_for, freeze, heal_both, partition_for, thaw
+from tools.sim.links import (
+    cut_zk,
+    cut_zk_for,
+    freeze,
+    heal_amqp,
+    heal_both,
+    partition_for,
+    thaw,
+)
 
 if TYPE_CHECKING:
     from tools.sim.cluster import Cluster
@@ -133,6 +141,32 @@ def _cut_owner_at_revoke(cluster: Cluster, coordinator: SimCoordinator) -> bool:
         cluster.world.after(seconds, lambda: heal_both(owner))
 
     return _arm(coordinator, "on_commit", armed)
+
+
+def cut_off_unheard(cluster: Cluster, worker: SimWorker, seconds: float) -> None:
+    """The worker's link to RabbitMQ dies, seen by the broker first (it closes the connection,
+    which the worker does not hear of); as a leader commits the worker's expulsion, the worker
+    is cut off ZooKeeper too, within its session, so it hears neither of the expulsion nor of
+    the close and goes on starting what it holds until its ZooKeeper client notices. Healed
+    after ``seconds`` (and the ZooKeeper cut after its own time)."""
+    world = cluster.world
+    world.note(f"{worker.name} cut off RabbitMQ unheard as its connection is closed")
+    cluster.broker.partition(worker.amqp_link)
+    world.after(seconds, lambda: heal_amqp(worker))
+    until = world.now + seconds
+
+    def armed(coordinator: SimCoordinator, commit: Commit) -> None:
+        if world.now > until:
+            return
+        if worker.name not in commit.expelled:
+            coordinator.on_commit = lambda c: armed(coordinator, c)
+            return
+        if worker.alive and worker.zk_link.up:
+            cut_zk_for(cluster, worker, worker.config.session_timeout)
+
+    for coordinator in cluster.leaders():
+        if coordinator.on_commit is None:
+            coordinator.on_commit = lambda c, coordinator=coordinator: armed(coordinator, c)
 
 
 def _revoked_owner(cluster: Cluster, commit: Commit) -> SimWorker | None:

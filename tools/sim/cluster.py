@@ -122,6 +122,9 @@ class Scenario:
             crash_grace=rng.choice((2.0, 0.5, 0.05, 0.0)),
             crash_events=rng.choice((True, True, True, False)),
         )
+        # The bucket queues asked whether they took back what a fenced owner held (quorum
+        # queues), or the return grace waited out every time (classic queues); drawn last.
+        coordinator = replace(coordinator, ask_returns=rng.choice((True, True, True, False)))
         return replace(
             self, worker_configs=configs, coordinator_config=coordinator, return_lag=return_lag
         )

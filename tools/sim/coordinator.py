@@ -23,6 +23,7 @@ from hashq.records import (
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
 from hashq_coordinator.machine.fencebook import Incarnation
+from hashq_coordinator.machine.handover import queue_holds_nothing
 from tools.sim.invariants import Invariants
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker
@@ -52,6 +53,7 @@ class CoordinatorConfig:
     session_timeout: float = 4.0
     crash_grace: float = 2.0
     crash_events: bool = True  # the broker's event exchange is enabled
+    ask_returns: bool = True  # quorum bucket queues: asked whether they took back what was held
 
 
 class SimCoordinator(Process):
@@ -73,6 +75,7 @@ class SimCoordinator(Process):
             drain_timeout=config.drain_timeout,
             fence_grace=config.fence_grace,
             crash_grace=config.crash_grace,
+            ask_returns=config.ask_returns,
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self._lock_node = ""
@@ -130,7 +133,7 @@ class SimCoordinator(Process):
 
     def _do(self, action: cm.Action) -> None:
         if isinstance(action, cm.Observe):
-            self._observe(action.ask_gone)
+            self._observe(action.ask_gone, action.ask_held)
         elif isinstance(action, cm.Commit):
             self._commit(action)
         elif isinstance(action, cm.Fence):
@@ -270,9 +273,10 @@ class SimCoordinator(Process):
         self._call(lambda zk, _: zk.delete(node), deleted)
 
     # ------------------------------------------------------------ leading
-    def _observe(self, ask_gone: tuple[Incarnation, ...]) -> None:
+    def _observe(self, ask_gone: tuple[Incarnation, ...], ask_held: tuple[int, ...]) -> None:
         """``Store.workers`` then ``Store.releases``: two requests, as in production, so a
-        release may appear between them; then the liveness of each suspect."""
+        release may appear between them; then the liveness of each suspect and the state of
+        each bucket queue asked about."""
 
         def read_workers(zk: ZooKeeper, _: int) -> dict[str, tuple[Registration, int]]:
             found = {}
@@ -301,13 +305,14 @@ class SimCoordinator(Process):
                 return
             registrations = {name: registration for name, (registration, _) in workers.items()}
             versions = {name: version for name, (_, version) in workers.items()}
-            if not ask_gone:
+            if not ask_gone and not ask_held:
                 self.post(cm.Observed(registrations, answer, versions))
                 return
 
             def asked() -> None:  # ``leader._asked``: a passive declare each, a round trip
                 gone = frozenset(i for i in ask_gone if self._gone(i))
-                self.post(cm.Observed(registrations, answer, versions, gone))
+                emptied = frozenset(b for b in ask_held if self._holds_nothing(b))
+                self.post(cm.Observed(registrations, answer, versions, gone, emptied))
 
             self.later(self.world.latency(), asked)
 
@@ -389,6 +394,13 @@ class SimCoordinator(Process):
             and self.broker.up
             and not self.broker.exists(f"alive.{worker}.{life}")
         )
+
+    def _holds_nothing(self, bucket: int) -> bool:
+        """``Liveness.holds_nothing``: a passive declare of the bucket queue."""
+        if not self.amqp_link.up:
+            return False
+        answer = self.broker.stat(self.broker.bucket_queue(bucket))
+        return answer is not None and queue_holds_nothing(*answer)
 
     def _fenced(self, incarnation: Incarnation, generation: int, covered: Any) -> None:
         if self._fences.get(incarnation) == generation:

@@ -48,6 +48,8 @@ def _apply_to_worker(cluster: Cluster, fault: Fault) -> bool:
     elif kind == "connection-reset":  # a RabbitMQ node of a cluster going, a reset link
         if worker.connection is None:
             return False
+        if fault.target >= 8:  # the worker's link dies, seen by the broker first
+            armed.cut_off_unheard(cluster, worker, duration)
         cluster.broker.close_connection(worker.connection, "CONNECTION_FORCED - reset")
     else:
         return _cancel_a_consumer(cluster, worker.name)

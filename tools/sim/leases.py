@@ -9,8 +9,9 @@ given while every thread is busy and runs it when one frees, whatever became of 
 meanwhile; so a runner gives the pool a job only when a thread is free (``Runners``: no more
 runners than threads for a plain handler). A free thread takes its job ``thread_handoff`` seconds
 later (it waits for the loop to let go of the interpreter), so a pause may fall in between; the
-thread then begins the handler only if its runners are not paused and its lease still consumes
-(``Runners._in_thread``), else the job goes back. Acknowledgements go out in batches through the
+thread then begins the handler only if its runners are not paused, its lease still consumes and
+the broker answered its connection recently (``Runners._in_thread``, ``BrokerContact``), else the
+job goes back. Acknowledgements go out in batches through the
 production ``AckWindow``.
 """
 
@@ -75,6 +76,7 @@ class LeaseRunner:
         handler_time: Callable[[], tuple[float, bool]],
         threads: int = 0,
         thread_handoff: float = 0.0,
+        heard: Callable[[Connection], bool] = lambda _: True,
     ) -> None:
         self._process = process
         self._worker_id, self._world = process.name, process.world  # its name is the worker's id
@@ -89,11 +91,12 @@ class LeaseRunner:
         self._threads, self._threads_busy = threads, 0
         self._pool_queue: deque[Job] = deque()  # given to a pool whose threads were all busy
         self._handoff = thread_handoff
+        self._heard = heard  # the worker's ``BrokerContact`` of a connection is fresh
         self.paused = False  # the runners start nothing (``PauseRunners``, a pause seen)
 
     def resume(self) -> None:
         self.paused = False
-        self._pump()
+        self.pump()
 
     def abandon(self) -> None:
         """The process died: whatever ran in it ends unfinished."""
@@ -141,7 +144,7 @@ class LeaseRunner:
         duration, thread = self._handler_time()
         for job in lease.core.deliver(tag, Job(lease, tag, msg, thread, duration)):
             self._ready.append(job)
-        self._pump()
+        self.pump()
 
     def channel_lost(
         self, connection: Connection, channel: int, reason: str, timeout: bool
@@ -158,11 +161,13 @@ class LeaseRunner:
         return None
 
     # ------------------------------------------------------------ running jobs
-    def _pump(self) -> None:
+    def pump(self) -> None:
+        """Start what may start now (also called when the broker answered: a contact is fresh
+        again)."""
         held: list[Job] = []  # plain handlers waiting for a free thread, not yet started
         while self._ready and not self.paused and self._running < self._concurrency:
             job = self._ready.popleft()
-            if job.thread and not self._thread_free():
+            if (job.thread and not self._thread_free()) or not self._heard(job.lease.connection):
                 held.append(job)
             elif job.lease.core.may_start() and self.leases.get(job.lease.number) is job.lease:
                 self._execute(job)
@@ -190,8 +195,9 @@ class LeaseRunner:
 
     def _in_thread(self, job: Job) -> None:
         """The thread runs: it begins the handler only if the runners are not paused (a pause
-        seen, as ``Runners`` sees one by its watchdog's tick) and the lease still consumes."""
-        if self.paused or not job.lease.core.may_start():
+        seen, as ``Runners`` sees one by its watchdog's tick), the lease still consumes and the
+        broker answered its connection recently."""
+        if self.paused or not job.lease.core.may_start() or not self._heard(job.lease.connection):
             self._not_begun(job)
             return
         self._begin(job)
@@ -204,7 +210,7 @@ class LeaseRunner:
             self._ready.append(job)  # paused: it begins once the session is confirmed
         self._thread_returned()
         self._after_job(lease)
-        self._pump()
+        self.pump()
 
     def _begin(self, job: Job) -> None:
         lease = job.lease
@@ -241,7 +247,7 @@ class LeaseRunner:
             if following is not None:
                 self._ready.append(following)
         self._after_job(lease)
-        self._pump()
+        self.pump()
 
     def _end(self, job: Job, completed: bool) -> None:
         if job.execution is not None and job.execution.running:
@@ -307,7 +313,7 @@ class LeaseRunner:
                 self._running -= 1
                 lease.core.dropped(job)
                 self._end(job, completed=False)
-        self._pump()
+        self.pump()
         self._send_acks(lease)
         lease.closed = True
 

@@ -40,6 +40,10 @@ COPIED = (
 )
 VIOLATION = re.compile(r"^seed (\d+): VIOLATION (.*)$", re.MULTILINE)
 NAMES = re.compile(r"\b[wb]\d+\b")  # a worker (w3) or a bucket queue (b0007)
+# What a simulated handler thread checks before it begins its job.
+THREAD_CHECK = (
+    "if self.paused or not job.lease.core.may_start() or not self._heard(job.lease.connection):"
+)
 
 
 @dataclass(frozen=True)
@@ -233,23 +237,46 @@ MUTATIONS = (
         "grant-without-return-grace",
         "a grant after a fence does not wait for the queues to take back",
         "coordinator/hashq_coordinator/machine/handover.py",
-        "done <= self.now - RETURN_GRACE_SECONDS",
-        "done <= self.now",
+        "wait = BROKER_CONTACT_SECONDS if bucket in self.emptied else RETURN_GRACE_SECONDS",
+        "wait = 0.0",
+    ),
+    Mutation(
+        "grant-on-return-without-contact",
+        "a grant once the queue took everything back does not wait out the owner's broker contact",
+        "coordinator/hashq_coordinator/machine/handover.py",
+        "wait = BROKER_CONTACT_SECONDS if bucket in self.emptied",
+        "wait = 0.0 if bucket in self.emptied",
+    ),
+    Mutation(
+        "return-proof-from-no-answer",
+        "a queue's (0 ready, 0 consumers), which is also its answer when it cannot answer, taken "
+        "as proof that it took everything back",
+        "coordinator/hashq_coordinator/machine/handover.py",
+        "return consumers == 0 and ready > 0",
+        "return consumers == 0",
+    ),
+    Mutation(
+        "start-without-contact",
+        "a worker starts what it was delivered however long ago the broker last answered it",
+        "tools/sim/leases.py",
+        "self._heard = heard  #",
+        "self._heard = lambda _: True  #",
     ),
     Mutation(
         "thread-pool-queues",
         "a plain handler's job given to a pool with no free thread (it starts when one frees)",
         "tools/sim/leases.py",
-        "if job.thread and not self._thread_free():\n                held.append(job)",
-        "if False:\n                held.append(job)",
+        "if (job.thread and not self._thread_free()) or not self._heard(job.lease.connection):\n"
+        "                held.append(job)",
+        "if not self._heard(job.lease.connection):\n                held.append(job)",
         # A thread that checks before it begins would refuse them: take that check out too.
-        (("if self.paused or not job.lease.core.may_start():", "if False:"),),
+        ((THREAD_CHECK, "if False:"),),
     ),
     Mutation(
         "thread-begins-unchecked",
         "a handler thread begins its job without checking for a pause or a closed lease",
         "tools/sim/leases.py",
-        "if self.paused or not job.lease.core.may_start():",
+        THREAD_CHECK,
         "if False:",
     ),
     Mutation(

@@ -9,6 +9,9 @@
 - ``consumer_timeout``: a delivery unacknowledged for that long closes its channel.
 - A server-sent ``basic.cancel``; node restarts (every connection closed; queues durable).
 - Exclusive queues belong to one connection (the workers' liveness queues).
+- A passive declare says how many messages are ready and how many consumers the queue has,
+  counting a cancelled one until what it holds is settled or returned (a quorum queue's
+  answer); a queue without a leader answers (0, 0).
 - The management API lists a connection only some time (up to its lag) after it opened, and
   may be slow or fail.
 - Heartbeats: a partition longer than the heartbeat makes each side give the connection up, at
@@ -103,6 +106,10 @@ class Connection:
 
     def declare_exclusive(self, queue: str, done: Callable[[str], None]) -> None:
         self._call(lambda: self.broker.declare_exclusive(self, queue), done)
+
+    def ping(self, done: Callable[[str], None]) -> None:
+        """A request that changes nothing (a worker keeps its ``BrokerContact`` with it)."""
+        self._call(lambda: "", done)
 
     def ack(self, channel: int, tag: int, multiple: bool) -> None:
         if self.client_open:
@@ -281,6 +288,25 @@ class Broker:
 
     def exists(self, name: str) -> bool:
         return name in self.queues
+
+    def stat(self, name: str) -> tuple[int, int] | None:
+        """A passive declare's answer, as a quorum queue gives it: ready messages, and the
+        consumers that consume or still hold a delivery (a cancelled one holding messages is
+        counted). A queue whose dead channel it has not ended yet has no leader: it answers
+        (0, 0), as ``rabbit_quorum_queue:stat/2`` does when its question fails. None: the node
+        is down (the declare fails)."""
+        queue = self.queues.get(name)
+        if queue is None or not self.up:
+            return None
+        if any(channel.queue is queue for channel in self.dying):
+            return 0, 0
+        holders = [
+            channel
+            for connection in self.connections
+            for channel in connection.channels.values()
+            if channel.queue is queue and (channel.consuming or channel.unacked)
+        ]
+        return len(queue.ready), len(holders)
 
     def ack(self, connection: Connection, number: int, tag: int, multiple: bool) -> None:
         channel = connection.channels.get(number)

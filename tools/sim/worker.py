@@ -16,6 +16,7 @@ from typing import Any
 
 from hashq.records import Assignment, Paths, Registration, Release, worker_connection_name
 from hashq.worker.machine import events as ev
+from hashq.worker.machine.contact import RENEW_SECONDS, BrokerContact
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
 from tools.sim.invariants import Invariants
@@ -76,6 +77,7 @@ class SimWorker(Process):
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self.connection: Connection | None = None
+        self.contacts: dict[Connection, BrokerContact] = {}  # of its open connections
         self.runner = LeaseRunner(
             self,
             self.post,
@@ -86,6 +88,7 @@ class SimWorker(Process):
             handler_time,
             config.threads,
             config.thread_handoff,
+            heard=self._heard,
         )
         self._connection_numbers = itertools.count(1)
         self._timer_at: float | None = None
@@ -258,9 +261,35 @@ class SimWorker(Process):
             self.later(0.01, lambda: done("connection refused"))
             return client.number
         self.connection = connection
+        self._keep_contact(connection, BrokerContact())
         liveness = f"alive.{self.worker_id}.{incarnation}"
         connection.declare_exclusive(liveness, self.bound(done))
         return client.number
+
+    def _keep_contact(self, connection: Connection, contact: BrokerContact) -> None:
+        """``hashq.worker.contact.ContactKeeper``: one round trip at a time while the client's
+        end is open, the next ``RENEW_SECONDS`` after the previous was sent or at its answer if
+        that came later (none while the process is frozen)."""
+        if not connection.client_open:
+            self.contacts.pop(connection, None)
+            return
+        self.contacts[connection] = contact
+        sent = self.world.now
+
+        def answered(error: str) -> None:
+            if error:
+                self.contacts.pop(connection, None)
+                return
+            contact.answered(sent)
+            self.runner.pump()
+            wait = max(0.0, sent + RENEW_SECONDS - self.world.now)
+            self.later(wait, lambda: self._keep_contact(connection, contact))
+
+        connection.ping(self.bound(answered))
+
+    def _heard(self, connection: Connection) -> bool:
+        contact = self.contacts.get(connection)
+        return contact is not None and contact.fresh(self.world.now)
 
     def _reconnect(self, number: int) -> None:
         if self.on_reconnect is not None:

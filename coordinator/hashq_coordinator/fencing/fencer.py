@@ -113,6 +113,10 @@ class Fencer:
         or the broker cannot be asked), for the crash rule's question."""
         return await self._gone((worker, life))
 
+    async def holds_nothing(self, bucket: int) -> bool:
+        """Whether the bucket queue proves it took back all a fenced owner held."""
+        return await self._liveness.holds_nothing(bucket)
+
     async def _gone(self, incarnation: Incarnation) -> bool:
         """Whether the broker says the incarnation has no connection left; only asked of
         workers that hold a liveness queue."""

@@ -8,6 +8,9 @@ afresh before consuming, or cannot announce itself at all once its registration 
 RESOURCE_LOCKED (another connection's exclusive queue) means one lives. A coordinator whose
 management API does not answer can still move a dead worker's buckets this way; a worker that
 is alive but stuck must still be closed through the API.
+
+The same connection asks a bucket queue whether it has taken back everything a fenced owner
+held (``holds_nothing``), so that the bucket can be granted before ``RETURN_GRACE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import asyncio
 import logging
 
 from aio_pika.abc import AbstractConnection
+from aiormq import spec
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from hashq._io.amqp import close_quietly, connect_amqp, connection_name, connection_usable
 from hashq.settings import Settings
 from hashq.topology import Topology
+from hashq_coordinator.machine.handover import queue_holds_nothing
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +44,35 @@ class Liveness:
     async def gone(self, worker_id: str, incarnation: str) -> bool:
         """True only if the broker says no connection of the incarnation exists now; False if
         one does, or if the broker cannot be asked."""
-        queue = self._topology.liveness_queue(worker_id, incarnation)
         try:
-            channel = await (await self._connect()).channel()
-        except Exception as exc:
-            log.debug("liveness: no channel to the broker: %r", exc)
-            return False
-        try:
-            await channel.declare_queue(queue, passive=True)
+            await self._declare(self._topology.liveness_queue(worker_id, incarnation))
         except ChannelNotFoundEntity:
             return True
         except Exception as exc:  # RESOURCE_LOCKED: held by the worker's connection
-            log.debug("liveness of %s: %r", queue, exc)
-            return False
-        if not channel.is_closed:
-            await channel.close()
+            log.debug("liveness of %s %s: %r", worker_id, incarnation, exc)
         return False
+
+    async def holds_nothing(self, bucket: int) -> bool:
+        """True only if the bucket queue's answer to a passive declare proves that no consumer
+        holds any of its messages (``handover.queue_holds_nothing``); False otherwise, or if
+        the broker cannot be asked."""
+        try:
+            answer = await self._declare(self._topology.bucket_queue(bucket))
+        except Exception as exc:
+            log.debug("bucket %d: no word from its queue: %r", bucket, exc)
+            return False
+        return queue_holds_nothing(answer.message_count or 0, answer.consumer_count or 0)
+
+    async def _declare(self, queue: str) -> spec.Queue.DeclareOk:
+        """A passive declare of ``queue`` on a channel of its own, closed however it ends (a
+        question the leader stopped waiting for included)."""
+        channel = await (await self._connect()).channel()
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+            return declared.declaration_result
+        finally:
+            if not channel.is_closed:
+                await asyncio.shield(channel.close())
 
     async def _connect(self) -> AbstractConnection:
         async with self._connecting:

@@ -15,6 +15,11 @@ the incarnation is a suspect. Once ``crash_grace`` has passed (a live worker rec
 it), the next observation asks the broker whether the incarnation still holds a connection; if
 not, it is expelled: its registration is deleted in the commit, checked against the version
 read before the question, and its buckets are fenced as those of a vanished worker.
+
+Returns: a fenced bucket is granted ``RETURN_GRACE_SECONDS`` after its owner's fence finished,
+or sooner if ``ask_returns`` (quorum bucket queues) and its queue, asked by an observation that
+started after that fence finished, proves that no consumer holds any of its messages
+(``handover.queue_holds_nothing``).
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class CoordinatorMachine:
         drain_timeout: float,
         fence_grace: float,
         crash_grace: float = 2.0,
+        ask_returns: bool = False,
         book: FenceBook | None = None,
     ) -> None:
         self.me = me
@@ -82,6 +88,7 @@ class CoordinatorMachine:
         self.revoke_timeout = drain_timeout + fence_grace
         self.fence_grace = fence_grace
         self.crash_grace = crash_grace
+        self.ask_returns = ask_returns
         self.role = Role.CANDIDATE
         self.book = book or FenceBook()
         self.records: dict[int, BucketRecord] = {}
@@ -93,6 +100,8 @@ class CoordinatorMachine:
         self.expelled = 0  # crashed incarnations expelled (committed)
         self.suspects: dict[Incarnation, float] = {}  # connection closed at (this clock)
         self._asking: tuple[Incarnation, ...] = ()  # suspects the observation under way asks
+        # Buckets whose queue the observation under way asks about, as recorded when asked.
+        self._held_asked: dict[int, BucketRecord] = {}
         self._leader_epoch = 0
         self._version = 0
         self._changed_at = 0.0
@@ -153,7 +162,34 @@ class CoordinatorMachine:
             return []
         self._busy, self._asked_at = True, now
         self._asking = self._due(now)
-        return [Observe(self._asking)]
+        self._held_asked = self._awaiting_return(now) if self.ask_returns else {}
+        return [Observe(self._asking, tuple(self._held_asked))]
+
+    def _awaiting_return(self, now: float) -> dict[int, BucketRecord]:
+        """Fencing buckets whose owner's fence has finished (before this question is asked)
+        and that still wait for their queue to take back what the owner held."""
+        view = self._view(now, {}, frozenset())
+        return {bucket: self.records[bucket] for bucket in view.awaiting_return()}
+
+    def _view(
+        self,
+        now: float,
+        live: Mapping[str, Registration],
+        releases: frozenset[tuple[int, int]],
+        emptied: frozenset[int] = frozenset(),
+    ) -> View:
+        return View(
+            buckets=self.buckets,
+            records=self.records,
+            workers=live,
+            releases=releases,
+            fenced=self.book.covered(),
+            fences_done=self.book.fences_done(),
+            now=now,
+            revoke_timeout=self.revoke_timeout,
+            fence_grace=self.fence_grace,
+            emptied=emptied,
+        )
 
     def _due(self, now: float) -> tuple[Incarnation, ...]:
         return tuple(
@@ -209,7 +245,7 @@ class CoordinatorMachine:
         self.role = Role.CANDIDATE
         self.records, self.written, self.fencing = {}, {}, set()
         self._busy, self._pending = False, None
-        self.suspects, self._asking = {}, ()
+        self.suspects, self._asking, self._held_asked = {}, (), {}
         # The lock goes back however long ZooKeeper takes: dropped after one failed try while
         # the session lives on, its node would sit ahead of every later one of this session.
         return [Resign(why), GiveBack()]
@@ -220,17 +256,12 @@ class CoordinatorMachine:
         live = {w: r for w, r in self._understood(event.workers).items() if w not in crashed}
         self._note_membership(live, now)
         settled = now - self._changed_at >= self.settle
-        view = View(
-            buckets=self.buckets,
-            records=self.records,
-            workers=live,
-            releases=frozenset(event.releases),
-            fenced=self.book.covered(),
-            fences_done=self.book.fences_done(),
-            now=now,
-            revoke_timeout=self.revoke_timeout,
-            fence_grace=self.fence_grace,
+        asked, self._held_asked = self._held_asked, {}
+        # A bucket counts as emptied only if it is still as it was when its queue was asked.
+        emptied = frozenset(
+            b for b in event.emptied if b in asked and asked[b] == self.records.get(b)
         )
+        view = self._view(now, live, frozenset(event.releases), emptied)
         capacities = {worker: registration.capacity for worker, registration in live.items()}
         decision = step(view, plan(view.buckets, capacities, committed_owners(view)), settled)
         for bucket, (owner, waited) in decision.stuck.items():
@@ -246,15 +277,9 @@ class CoordinatorMachine:
         written = {w: a for w, a in written.items() if w not in commit.removed}
         expelled = tuple((w, event.workers[w].incarnation) for w in sorted(crashed))
         self._pending = _Pending(records, written, decision.fences, decision.records, expelled)
-        if not (
-            commit.records
-            or commit.assignments
-            or commit.removed
-            or commit.consumed
-            or commit.expelled
-        ):
-            return self._committed()
-        return [commit]
+        due = view.proof_due()
+        wake: list[Action] = [Wake(max(0.0, due - now))] if due is not None else []
+        return (self._committed() if commit.empty else [commit]) + wake
 
     def _crashed(self, event: Observed) -> dict[str, int]:
         """The asked suspects the broker said have no connection left, still registered as the

@@ -57,6 +57,9 @@ class Observed:
     # Of the incarnations ``Observe.ask_gone`` named, those the broker said have no connection
     # left, asked after the registrations were read.
     gone: frozenset[Incarnation] = frozenset()
+    # Of the buckets ``Observe.ask_held`` named, those whose queue answered that no consumer
+    # holds any of its messages (``handover.queue_holds_nothing``).
+    emptied: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -142,10 +145,12 @@ class GiveBack:
 class Observe:
     """Read the registrations (with their node versions) and the releases, then ask the
     broker whether each incarnation in ``ask_gone`` still holds a connection (its liveness
-    queue): ``Observed`` or ``ObserveFailed``. A question the broker cannot answer counts as
-    'not gone'."""
+    queue), and each bucket queue in ``ask_held`` how many messages it has ready and how many
+    consumers (a passive declare): ``Observed`` or ``ObserveFailed``. A question the broker
+    cannot answer counts as 'not gone' and 'still held'."""
 
     ask_gone: tuple[Incarnation, ...] = ()
+    ask_held: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,13 @@ class Commit:
     # Registrations of crashed workers to delete, each checked against the version read
     # before the broker said the incarnation has no connection (``ExpelRefused`` if changed).
     expelled: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to write: the machine takes it as committed without asking ZooKeeper."""
+        return not (
+            self.records or self.assignments or self.removed or self.consumed or self.expelled
+        )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ Per bucket (states in ``hashq.records.BucketState``):
     revoking --owner gone, or no release in drain timeout---> fencing
     fencing --owner's connection cut off (or released)-----> granted(target, epoch + 1)
 
+A fenced bucket is granted once the queue has taken back what the cut-off owner held and the
+owner can start nothing more: ``RETURN_GRACE_SECONDS`` after the fence, or
+``BROKER_CONTACT_SECONDS`` after it when the queue itself says so (``queue_holds_nothing``).
+
 A bucket is in an owner's assignment only while ``granted`` to it: leaving the assignment is
 what tells the owner to drain. A grant never happens before the previous owner released or was
 cut off, and always at a higher epoch.
@@ -21,7 +25,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from hashq.records import RETURN_GRACE_SECONDS, Assignment, BucketRecord, BucketState, Registration
+from hashq.records import (
+    BROKER_CONTACT_SECONDS,
+    RETURN_GRACE_SECONDS,
+    Assignment,
+    BucketRecord,
+    BucketState,
+    Registration,
+)
 
 Incarnation = tuple[str, str]  # (worker id, incarnation)
 
@@ -42,16 +53,46 @@ class View:
     # as done with its returns (the pure tests of the other rules). No default: a caller that
     # forgot it would grant before the queues took back what a fenced owner held.
     fences_done: Mapping[Incarnation, tuple[float, ...]] | None = field(kw_only=True)
+    # Fencing buckets whose queue said, when asked after their owner's fence had finished,
+    # that no consumer holds any of its messages (``queue_holds_nothing``).
+    emptied: frozenset[int] = frozenset()
 
-    def returned(self, record: BucketRecord) -> bool:
-        """Whether what ``record``'s owner held has been taken back by the queues: it is
+    def returned(self, bucket: int, record: BucketRecord) -> bool:
+        """Whether what ``record``'s owner held has been taken back by the queue: it is
         fenced, and a fence that finished after the bucket began to move (so it closed every
-        connection that could hold the bucket) did so ``RETURN_GRACE_SECONDS`` ago. A queue
+        connection that could hold the bucket) did so ``RETURN_GRACE_SECONDS`` ago; or
+        ``BROKER_CONTACT_SECONDS`` ago, if the queue, asked after that fence, said no consumer
+        holds anything (``emptied``): by then the owner, whatever it knows, starts nothing more
+        it was delivered on a closed connection (``hashq.worker.machine.contact``). A queue
         led from a failed node takes back a dead connection's messages only once it has a
         leader again (tests/e2e/test_cluster.py); a later fence of a newer connection, which
         could not consume the bucket, does not restart the wait."""
-        return not self.needs_fence(record) and any(
-            done <= self.now - RETURN_GRACE_SECONDS for done in self._fenced_since(record)
+        if self.needs_fence(record):
+            return False
+        wait = BROKER_CONTACT_SECONDS if bucket in self.emptied else RETURN_GRACE_SECONDS
+        return any(done <= self.now - wait for done in self._fenced_since(record))
+
+    def proof_due(self) -> float | None:
+        """When the first bucket its queue proved (``emptied``), still waiting out its owner's
+        contact bound, may be granted: the leader asks again then, not at its next tick."""
+        due = [
+            min(self._fenced_since(record)) + BROKER_CONTACT_SECONDS
+            for bucket, record in self.records.items()
+            if bucket in self.emptied
+            and not self.returned(bucket, record)
+            and self._fenced_since(record)
+        ]
+        return min(due, default=None)
+
+    def awaiting_return(self) -> tuple[int, ...]:
+        """Fencing buckets whose owner is cut off but whose queue may still be taking back
+        what it held: the ones worth asking the queue about."""
+        return tuple(
+            bucket
+            for bucket, record in sorted(self.records.items())
+            if record.state is BucketState.FENCING
+            and not self.returned(bucket, record)
+            and not self.needs_fence(record)
         )
 
     def needs_fence(self, record: BucketRecord) -> bool:
@@ -93,6 +134,21 @@ class Decision:
 
     def __bool__(self) -> bool:
         return bool(self.records)
+
+
+def queue_holds_nothing(ready: int, consumers: int) -> bool:
+    """Whether a quorum queue's answer to a passive declare (its ready messages, its
+    consumers) proves that no consumer holds any of its messages, so that a new consumer gets
+    the oldest first. A quorum queue counts a consumer until what it was delivered is settled
+    or returned: a cancelled one that still holds messages is counted (``rabbit_fifo``
+    keeps it, status ``cancelled``), and a dead channel's consumer is removed in the same step
+    that returns what it held (``down``). But a queue that cannot answer (no leader, a
+    timeout) says 0 ready and 0 consumers (``rabbit_quorum_queue:stat/2``), so only an answer
+    with ready messages proves anything: an empty queue's answer cannot be told from none, and
+    its bucket waits ``RETURN_GRACE_SECONDS`` (its next message waits at most that long). A
+    classic queue does not count a cancelled consumer that still holds messages: it is never
+    asked."""
+    return consumers == 0 and ready > 0
 
 
 def committed_owners(view: View) -> dict[int, str | None]:
@@ -151,7 +207,7 @@ def _next(
             return _moving(record, BucketState.FENCING, target, view.now)
         return replace(record, target=target)
     # BucketState.FENCING
-    if released or view.returned(record):
+    if released or view.returned(bucket, record):
         return _grant(record, target, view)
     return replace(record, target=target)
 

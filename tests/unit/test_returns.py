@@ -1,0 +1,126 @@
+"""Granting a fenced bucket before the return grace, without I/O: the bucket queue's word that
+it took back everything (a quorum queue's passive declare), and the worker's bound on starts
+after the broker last answered it, which the early grant waits out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hashq.records import BROKER_CONTACT_SECONDS, RETURN_GRACE_SECONDS, BucketRecord, BucketState
+from hashq.worker.machine.contact import BrokerContact
+from hashq_coordinator.machine import events as cm
+from hashq_coordinator.machine.core import CoordinatorMachine
+from hashq_coordinator.machine.handover import View, queue_holds_nothing
+from tests.unit.test_crash_rule import W1, W2, _leading, _owned_by, _workers
+from tests.unit.test_runner import _Blocking, _job, _Lease, _runners
+
+FENCING = BucketRecord(BucketState.FENCING, "a", "1", 3, since=10.0)
+
+
+def _view(now: float, emptied: frozenset[int] = frozenset()) -> View:
+    return View(
+        1,
+        {0: FENCING},
+        {},
+        frozenset(),
+        frozenset({("a", "1")}),
+        now,
+        30.0,
+        fences_done={("a", "1"): (11.0,)},
+        emptied=emptied,
+    )
+
+
+def test_only_an_answer_with_ready_messages_and_no_consumer_proves_the_returns() -> None:
+    assert queue_holds_nothing(ready=5, consumers=0)
+    assert not queue_holds_nothing(ready=5, consumers=1)  # a consumer, perhaps cancelled, holds
+    assert not queue_holds_nothing(
+        ready=0, consumers=0
+    )  # also what a queue that cannot answer says
+
+
+def test_a_proven_bucket_is_granted_once_the_owner_can_start_nothing_more() -> None:
+    done = 11.0
+    assert not _view(done + BROKER_CONTACT_SECONDS - 0.01, frozenset({0})).returned(0, FENCING)
+    assert _view(done + BROKER_CONTACT_SECONDS, frozenset({0})).returned(0, FENCING)
+    assert not _view(done + RETURN_GRACE_SECONDS - 0.01).returned(0, FENCING)  # no word: the grace
+    assert _view(done + RETURN_GRACE_SECONDS).returned(0, FENCING)
+
+
+def _expelled_and_fenced(machine: CoordinatorMachine) -> list[int]:
+    held = _owned_by(machine, "w1")
+    machine.handle(cm.ConnectionClosed(W1), 1.0)
+    machine.handle(cm.Tick(), 1.5)
+    machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 7, "w2": 0}, frozenset({W1})), 1.6)
+    machine.handle(cm.Committed(), 1.7)
+    return held
+
+
+def test_the_leader_asks_the_queues_of_fenced_buckets_only_after_the_fence() -> None:
+    machine = _leading()
+    machine.ask_returns = True
+    held = _expelled_and_fenced(machine)
+    assert machine.handle(cm.Tick(), 1.75) == [cm.Observe((), ())]  # not fenced yet: not asked
+    machine.handle(cm.Observed(_workers(W2), {}, {"w2": 0}), 1.76)
+    (observe,) = machine.handle(cm.FenceDone(W1, machine.book.sighting(W1, 1.8)), 1.8)
+    assert observe == cm.Observe((), tuple(held))
+    waiting = machine.handle(cm.Observed(_workers(W2), {}, {"w2": 0}, emptied=frozenset(held)), 1.9)
+    (wake,) = waiting  # asked again once the bound has passed
+    assert isinstance(wake, cm.Wake) and wake.after == pytest.approx(0.9)
+    assert all(machine.records[b].state is BucketState.FENCING for b in held)  # within 1 s
+    later = 1.81 + BROKER_CONTACT_SECONDS
+    (again,) = machine.handle(cm.Tick(), later)
+    assert again == cm.Observe((), tuple(held))
+    (commit,) = machine.handle(
+        cm.Observed(_workers(W2), {}, {"w2": 0}, emptied=frozenset(held)),
+        later,
+    )
+    assert isinstance(commit, cm.Commit)
+    assert all(commit.records[b].owner == "w2" for b in held)
+
+
+def test_a_leader_of_classic_queues_never_asks_them() -> None:
+    machine = _leading()  # ask_returns is off by default
+    held = _expelled_and_fenced(machine)
+    (observe,) = machine.handle(cm.FenceDone(W1, machine.book.sighting(W1, 1.8)), 1.8)
+    assert observe == cm.Observe((), ())
+    assert held
+
+
+def test_a_contact_is_fresh_only_within_the_bound_after_an_answered_request_was_sent() -> None:
+    contact = BrokerContact()
+    assert not contact.fresh(0.0)  # nothing answered yet
+    contact.answered(10.0)
+    contact.answered(9.0)  # an older request answered late changes nothing
+    assert contact.fresh(10.0 + BROKER_CONTACT_SECONDS - 0.01)
+    assert not contact.fresh(10.0 + BROKER_CONTACT_SECONDS)
+
+
+class _Contact:
+    """A broker contact that is fresh once ``answered`` is set."""
+
+    def __init__(self) -> None:
+        self.answered = asyncio.Event()
+
+    def heard(self) -> bool:
+        return self.answered.is_set()
+
+    async def heard_again(self) -> None:
+        await self.answered.wait()
+
+
+async def test_runners_start_nothing_while_the_broker_has_not_answered_lately() -> None:
+    contact = _Contact()
+    handler, lease = _Blocking(), _Lease()
+    runners = _runners(handler, concurrency=2, threads=2, contact=contact)
+    runners.start()
+    runners.dispatch(_job(lease, 1))
+    await asyncio.sleep(0.3)
+    assert handler.began == [], "a job started though the broker had not answered lately"
+    contact.answered.set()
+    await asyncio.sleep(0.3)
+    assert handler.began == ["m1"]
+    handler.release.set()
+    await runners.close()

@@ -139,9 +139,10 @@ async def test_kill_9_worker_resumes_elsewhere_within_session_and_return_grace_p
     doomed, expected = await two_busy_workers(initialized, cluster, record, zk_view, 400, 2_000)
     slowest = await kill_and_time_failover(initialized, doomed, record, expected, zk_view)
     print(f"kill -9: buckets resumed after at most {slowest:.2f}s (session {SESSION}s)")
-    # A grant after a fence waits RETURN_GRACE_SECONDS (docs/protocol.md, "Returns take
-    # time"): the price of never reordering when a queue's leader was on a failed node.
-    assert RETURN_GRACE_SECONDS <= slowest < float(SESSION) + RETURN_GRACE_SECONDS + 2
+    # A grant after a fence waits for the bucket queue's word that the returns are in, or
+    # RETURN_GRACE_SECONDS without it (docs/protocol.md, "Returns take time"); with the
+    # broker answering, the word usually comes first, so only the upper bound is fixed.
+    assert 0 < slowest < float(SESSION) + RETURN_GRACE_SECONDS + 2
 
 
 async def test_zombie_is_fenced_and_processes_nothing_more(

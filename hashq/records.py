@@ -37,6 +37,24 @@ RETURN_GRACE_SECONDS = 5.0
 # in its worker this long after the close, whatever that worker knows (docs/protocol.md,
 # "Granting before the return grace: the old owner's bound").
 BROKER_CONTACT_SECONDS = 1.0
+# How often a worker asks a bucket queue again while it waits for the queue's word before
+# consuming it again after a lost connection (``hashq.worker.machine.proof``).
+QUEUE_ASK_SECONDS = 0.25
+
+
+def queue_holds_nothing(ready: int, consumers: int) -> bool:
+    """Whether a quorum queue's answer to a passive declare (its ready messages, its
+    consumers) proves that no consumer holds any of its messages, so that a new consumer gets
+    the oldest first. A quorum queue counts a consumer until what it was delivered is settled
+    or returned: a cancelled one that still holds messages is counted (``rabbit_fifo``
+    keeps it, status ``cancelled``), and a dead channel's consumer is removed in the same step
+    that returns what it held (``down``). But a queue that cannot answer (no leader, a
+    timeout) says 0 ready and 0 consumers (``rabbit_quorum_queue:stat/2``), so only an answer
+    with ready messages proves anything: an empty queue's answer cannot be told from none. A
+    classic queue does not count a cancelled consumer that still holds messages: it is never
+    asked. The coordinator asks before granting a fenced bucket early; a worker, before
+    consuming again a bucket whose connection died under it."""
+    return consumers == 0 and ready > 0
 
 
 class BucketState(enum.Enum):

@@ -115,6 +115,35 @@ async def close_quietly(connection: AbstractConnection, within: float = 5.0) -> 
         log.debug("closing connection: %r", exc)
 
 
+async def declare_passive(connection: AbstractConnection, queue: str) -> tuple[int, int]:
+    """A passive declare of ``queue`` on a channel of its own, closed however it ends (a
+    question its asker stopped waiting for included): the queue's ready messages and consumers.
+    Raises what the broker said (``ChannelNotFoundEntity``: no such queue;
+    ``ChannelLockedResource``: another connection's exclusive queue)."""
+    channel = await connection.channel()
+    try:
+        declared = await channel.declare_queue(queue, passive=True)
+        answer = declared.declaration_result
+        return answer.message_count or 0, answer.consumer_count or 0
+    finally:
+        if not channel.is_closed:
+            await asyncio.shield(channel.close())
+
+
+async def ask_queue(
+    connection: AbstractConnection | None, queue: str, within: float = 2.0
+) -> tuple[int, int] | None:
+    """``declare_passive`` of ``queue`` for a caller that treats every failure alike: None if
+    the connection is not usable, the broker refused, or no answer came within ``within``."""
+    if not connection_usable(connection):
+        return None
+    try:
+        return await asyncio.wait_for(declare_passive(connection, queue), within)
+    except Exception as exc:  # every failure means the same here: no word from the queue
+        log.debug("asking queue %s: %r", queue, exc)
+        return None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]

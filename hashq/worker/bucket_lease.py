@@ -208,6 +208,16 @@ class BucketLease:
                 confirmed = False
         self.close_confirmed = confirmed and connection_usable(self._connection)
 
+    def say_handlers_outlive_it(self) -> None:
+        log.warning(
+            "bucket %d epoch %d: %d handler(s) still run after the bucket's channel closed; "
+            "it waits for them before it is consumed again or released",
+            self.bucket,
+            self.epoch,
+            self.running,
+            extra=self.log_fields,
+        )
+
     async def _cancel_consumer(self) -> None:
         if self._channel is None or self._consumer_tag is None:
             return

@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 
 from aio_pika.abc import AbstractConnection
 
-from hashq._io.amqp import close_quietly, connect_amqp, connection_usable
+from hashq._io.amqp import ask_queue, close_quietly, connect_amqp, connection_usable
 from hashq._io.health import health_endpoints
 from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
 from hashq.message import Handler
@@ -62,6 +62,7 @@ class Worker:
             settings.drain_timeout,
             stop_within=settings.zk_session_timeout,
             withdraw_after=settings.withdraw_after,
+            prove_returns=settings.queue_type == "quorum",
         )
         self._handler = handler
         self._events: asyncio.Queue[ev.Event] = asyncio.Queue()
@@ -151,8 +152,15 @@ class Worker:
 
     async def _handle(self, event: ev.Event) -> None:
         before = self.state
-        for action in self.machine.handle(event, time.monotonic()):
-            await self._do(action)
+        # In order, but a run of subscribes at once: a few round trips each, one after another
+        # they made most of a handover's pause (32 buckets, 0.5 s under load).
+        actions = self.machine.handle(event, time.monotonic())
+        for subscribes, run in itertools.groupby(actions, lambda a: isinstance(a, ev.Subscribe)):
+            if subscribes:
+                await asyncio.gather(*(self._do(action) for action in run))
+            else:
+                for action in run:
+                    await self._do(action)
         if self.state is not before:
             self.metrics.state = self.state.value
             self._reminded = 0.0
@@ -178,6 +186,8 @@ class Worker:
             self._start(self._confirm(action.asked))
         elif isinstance(action, ev.Subscribe):
             await self._subscribe(action)
+        elif isinstance(action, ev.AskQueue):
+            self._start(self._ask_queue(action))
         elif isinstance(action, ev.Drain):
             self._start(self._end_lease(action.lease, action.within))
         elif isinstance(action, ev.CutOff):
@@ -300,6 +310,10 @@ class Worker:
             return
         self.post(ev.Subscribed(action.lease))
 
+    async def _ask_queue(self, action: ev.AskQueue) -> None:
+        answer = await ask_queue(self._connection, self.topology.bucket_queue(action.bucket))
+        self.post(ev.QueueAnswered(action.lease, answer))
+
     def _channel_closed(self, number: int) -> None:
         """The lease's channel closed, by either side: an event only if the broker did it."""
         lease = self._leases.get(number)
@@ -326,14 +340,7 @@ class Worker:
         running = lease.running
         self.post(ev.Closed(number, running, lease.close_confirmed))
         if running:
-            log.warning(
-                "bucket %d epoch %d: %d handler(s) still run after the bucket's channel closed; "
-                "it waits for them before it is consumed again or released",
-                lease.bucket,
-                lease.epoch,
-                running,
-                extra=lease.log_fields,
-            )
+            lease.say_handlers_outlive_it()
             await lease.settled(None)
             self.post(ev.Settled(number))
 

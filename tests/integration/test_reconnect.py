@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from hashq._io.amqp import connect_amqp
 from hashq._io.management import Management
 from hashq.message import Message
 from hashq.publisher import Outgoing
-from hashq.records import Registration
+from hashq.records import RETURN_GRACE_SECONDS, Registration
 from hashq.settings import Settings, WorkerSettings
 from hashq.topology import Topology
 from hashq.worker.machine.events import Session, SessionChanged
@@ -70,6 +71,40 @@ async def test_a_reconnected_worker_announces_its_new_connection_and_a_fence_clo
     assert third.connection[-2:] == "-3"
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
     assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
+
+
+async def test_a_bucket_whose_connection_died_resumes_once_its_queue_took_back(
+    initialized: Settings,
+    grants: Grants,
+    start_worker: StartWorker,
+    record: Path,
+    management: Management,
+) -> None:
+    """With quorum bucket queues, a bucket whose connection died under it is consumed again only
+    once its queue counts no consumer and has messages ready (docs/protocol.md, "Consumed again
+    after a lost connection"). With a backlog that is as soon as the worker is back: well
+    before the RETURN_GRACE_SECONDS that a quiet queue waits."""
+    worker = start_worker("w1", HASHQ_TEST_DELAY_MS="20", HASHQ_CONCURRENCY="4")
+    (first,) = grants.wait_for_workers(1)
+    grants.assign(first, dict.fromkeys(range(initialized.buckets), 1))
+    await wait_for_connection(management, first.connection)
+    messages, expected = workload(keys=200, per_key=15)
+    await publish(initialized, messages)
+    await eventually(lambda: len(read_appended(record)) >= 200)
+    closed = time.time()
+    await close_connection_named(management, first.connection)
+    assert len(read_appended(record)) < len(messages) / 2  # a backlog in every bucket
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
+    resumed: dict[int, float] = {}
+    for row in read_appended(record):
+        if float(row["start"]) > closed + 0.05:  # nothing starts while the worker is cut off
+            bucket = int(row["bucket"])
+            resumed[bucket] = min(resumed.get(bucket, 1e18), float(row["start"]) - closed)
+    print(f"resumed after the close: {sorted(round(s, 2) for s in resumed.values())}")
+    assert len(resumed) == initialized.buckets
+    assert max(resumed.values()) < RETURN_GRACE_SECONDS - 1
+    assert "its queue took back what the lost connection held" in worker.output()
 
 
 async def _nothing(message: Message) -> None:

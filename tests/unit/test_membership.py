@@ -10,7 +10,9 @@ from hashq.worker.machine.states import WorkerState
 
 
 def _registered() -> WorkerMachine:
-    machine = WorkerMachine("w1", 4, drain_timeout=1, stop_within=5, withdraw_after=5)
+    machine = WorkerMachine(
+        "w1", 4, drain_timeout=1, stop_within=5, withdraw_after=5, prove_returns=True
+    )
     assert ev.BeginIncarnation() in machine.handle(ev.Tick(), 0.0)
     machine.handle(ev.Registered("i1", 1), 0.1)
     return machine

@@ -8,11 +8,17 @@ import asyncio
 
 import pytest
 
-from hashq.records import BROKER_CONTACT_SECONDS, RETURN_GRACE_SECONDS, BucketRecord, BucketState
+from hashq.records import (
+    BROKER_CONTACT_SECONDS,
+    RETURN_GRACE_SECONDS,
+    BucketRecord,
+    BucketState,
+    queue_holds_nothing,
+)
 from hashq.worker.machine.contact import BrokerContact
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
-from hashq_coordinator.machine.handover import View, queue_holds_nothing
+from hashq_coordinator.machine.handover import View
 from tests.unit.test_crash_rule import W1, W2, _leading, _owned_by, _workers
 from tests.unit.test_runner import _Blocking, _job, _Lease, _runners
 

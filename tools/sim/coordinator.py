@@ -19,11 +19,11 @@ from hashq.records import (
     incarnation_connections,
     parse_release_name,
     parse_worker_connection_name,
+    queue_holds_nothing,
 )
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
 from hashq_coordinator.machine.fencebook import Incarnation
-from hashq_coordinator.machine.handover import queue_holds_nothing
 from tools.sim.invariants import Invariants
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker

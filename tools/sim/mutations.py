@@ -251,9 +251,23 @@ MUTATIONS = (
         "return-proof-from-no-answer",
         "a queue's (0 ready, 0 consumers), which is also its answer when it cannot answer, taken "
         "as proof that it took everything back",
-        "coordinator/hashq_coordinator/machine/handover.py",
+        "hashq/records.py",
         "return consumers == 0 and ready > 0",
         "return consumers == 0",
+    ),
+    Mutation(
+        "reconsume-unproven",
+        "a bucket whose connection died under it consumed again at once on the next connection",
+        "hashq/worker/machine/proof.py",
+        "            self.unproven[lease.bucket] = (lease.epoch, lease.connection)\n",
+        "            pass\n",
+    ),
+    Mutation(
+        "reconsume-quiet-at-once",
+        "a bucket whose connection died under it consumed again on a quiet queue's word at once",
+        "hashq/worker/machine/proof.py",
+        "elif quiet and now >= self.link_up_since + RETURN_GRACE_SECONDS:",
+        "elif quiet:",
     ),
     Mutation(
         "start-without-contact",

@@ -111,6 +111,16 @@ class Connection:
         """A request that changes nothing (a worker keeps its ``BrokerContact`` with it)."""
         self._call(lambda: "", done)
 
+    def stat(self, queue: str, done: Callable[[tuple[int, int] | None], None]) -> None:
+        """A passive declare of ``queue`` (``Broker.stat``); None if it failed."""
+        answer: list[tuple[int, int] | None] = [None]
+
+        def ask() -> str:
+            answer[0] = self.broker.stat(queue)
+            return "" if answer[0] is not None else f"NOT_FOUND - no queue '{queue}'"
+
+        self._call(ask, lambda error: done(None if error else answer[0]))
+
     def ack(self, channel: int, tag: int, multiple: bool) -> None:
         if self.client_open:
             self.up.send(lambda: self.broker.ack(self, channel, tag, multiple))

@@ -74,6 +74,7 @@ class SimWorker(Process):
             config.drain_timeout,
             stop_within=config.session_timeout,
             withdraw_after=config.withdraw_after or config.session_timeout,
+            prove_returns=True,  # the simulated bucket queues are quorum queues
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self.connection: Connection | None = None
@@ -157,6 +158,8 @@ class SimWorker(Process):
             self._confirm(action.asked)
         elif isinstance(action, ev.Subscribe):
             self.runner.subscribe(action, self.connection)
+        elif isinstance(action, ev.AskQueue):
+            self._ask_queue(action)
         elif isinstance(action, ev.Drain):
             self.runner.drain(action.lease, action.within)
             if self.on_drain is not None:
@@ -360,6 +363,16 @@ class SimWorker(Process):
             self.run(lambda: verdict(answer))
 
         self.client.call(lambda zk, _: zk.get(PATHS.worker(self.worker_id)), arrived)
+
+    def _ask_queue(self, action: ev.AskQueue) -> None:
+        def answered(answer: tuple[int, int] | None) -> None:
+            self.post(ev.QueueAnswered(action.lease, answer))
+
+        connection = self.connection
+        if connection is None:
+            self.later(0, lambda: answered(None))
+        else:
+            connection.stat(self.broker.bucket_queue(action.bucket), self.bound(answered))
 
     def _write_release(self, action: ev.WriteRelease) -> None:
         release = Release(self.worker_id, action.incarnation, action.bucket, action.epoch).encode()

@@ -19,13 +19,18 @@ import asyncio
 import logging
 
 from aio_pika.abc import AbstractConnection
-from aiormq import spec
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from hashq._io.amqp import close_quietly, connect_amqp, connection_name, connection_usable
+from hashq._io.amqp import (
+    close_quietly,
+    connect_amqp,
+    connection_name,
+    connection_usable,
+    declare_passive,
+)
+from hashq.records import queue_holds_nothing
 from hashq.settings import Settings
 from hashq.topology import Topology
-from hashq_coordinator.machine.handover import queue_holds_nothing
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +50,8 @@ class Liveness:
         """True only if the broker says no connection of the incarnation exists now; False if
         one does, or if the broker cannot be asked."""
         try:
-            await self._declare(self._topology.liveness_queue(worker_id, incarnation))
+            queue = self._topology.liveness_queue(worker_id, incarnation)
+            await declare_passive(await self._connect(), queue)
         except ChannelNotFoundEntity:
             return True
         except Exception as exc:  # RESOURCE_LOCKED: held by the worker's connection
@@ -54,25 +60,15 @@ class Liveness:
 
     async def holds_nothing(self, bucket: int) -> bool:
         """True only if the bucket queue's answer to a passive declare proves that no consumer
-        holds any of its messages (``handover.queue_holds_nothing``); False otherwise, or if
+        holds any of its messages (``hashq.records.queue_holds_nothing``); False otherwise, or if
         the broker cannot be asked."""
         try:
-            answer = await self._declare(self._topology.bucket_queue(bucket))
+            queue = self._topology.bucket_queue(bucket)
+            answer = await declare_passive(await self._connect(), queue)
         except Exception as exc:
             log.debug("bucket %d: no word from its queue: %r", bucket, exc)
             return False
-        return queue_holds_nothing(answer.message_count or 0, answer.consumer_count or 0)
-
-    async def _declare(self, queue: str) -> spec.Queue.DeclareOk:
-        """A passive declare of ``queue`` on a channel of its own, closed however it ends (a
-        question the leader stopped waiting for included)."""
-        channel = await (await self._connect()).channel()
-        try:
-            declared = await channel.declare_queue(queue, passive=True)
-            return declared.declaration_result
-        finally:
-            if not channel.is_closed:
-                await asyncio.shield(channel.close())
+        return queue_holds_nothing(*answer)
 
     async def _connect(self) -> AbstractConnection:
         async with self._connecting:

@@ -19,7 +19,7 @@ read before the question, and its buckets are fenced as those of a vanished work
 Returns: a fenced bucket is granted ``RETURN_GRACE_SECONDS`` after its owner's fence finished,
 or sooner if ``ask_returns`` (quorum bucket queues) and its queue, asked by an observation that
 started after that fence finished, proves that no consumer holds any of its messages
-(``handover.queue_holds_nothing``).
+(``hashq.records.queue_holds_nothing``).
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ class CoordinatorMachine:
         self._version = 0
         self._changed_at = 0.0
         self._busy = False  # an observation or a commit is under way
+        self._missed = False  # an observation was asked for while busy
         self._asked_at = 0.0  # when the observation under way was asked
         self._pending: _Pending | None = None
         self._refused: set[Incarnation] = set()
@@ -143,7 +144,7 @@ class CoordinatorMachine:
             return []
         if isinstance(event, Committed):
             fences = self._committed()
-            return fences + self._observe_due(now)
+            return fences + self._observe_missed(now)
         if isinstance(event, ConnectionClosed):
             return self._connection_closed(event.incarnation, now)
         if isinstance(event, ExpelRefused):
@@ -159,8 +160,9 @@ class CoordinatorMachine:
 
     def _observe(self, now: float) -> list[Action]:
         if self._busy:
+            self._missed = True  # observed again as soon as this one is committed
             return []
-        self._busy, self._asked_at = True, now
+        self._busy, self._missed, self._asked_at = True, False, now
         self._asking = self._due(now)
         self._held_asked = self._awaiting_return(now) if self.ask_returns else {}
         return [Observe(self._asking, tuple(self._held_asked))]
@@ -196,9 +198,9 @@ class CoordinatorMachine:
             sorted(i for i, since in self.suspects.items() if now - since >= self.crash_grace)
         )
 
-    def _observe_due(self, now: float) -> list[Action]:
-        """Observe again at once if a suspect's grace ended while this process was busy."""
-        return self._observe(now) if self._due(now) else []
+    def _observe_missed(self, now: float) -> list[Action]:
+        """Observe again at once if a watch or a suspect's grace came while busy (not a tick on)."""
+        return self._observe(now) if self._missed or self._due(now) else []
 
     def _connection_closed(self, incarnation: Incarnation, now: float) -> list[Action]:
         """A connection of ``incarnation`` closed: a suspect if it is a live member (others
@@ -279,7 +281,9 @@ class CoordinatorMachine:
         self._pending = _Pending(records, written, decision.fences, decision.records, expelled)
         due = view.proof_due()
         wake: list[Action] = [Wake(max(0.0, due - now))] if due is not None else []
-        return (self._committed() if commit.empty else [commit]) + wake
+        if commit.empty:
+            return self._committed() + self._observe_missed(now) + wake
+        return [commit, *wake]
 
     def _crashed(self, event: Observed) -> dict[str, int]:
         """The asked suspects the broker said have no connection left, still registered as the

@@ -58,7 +58,7 @@ class Observed:
     # left, asked after the registrations were read.
     gone: frozenset[Incarnation] = frozenset()
     # Of the buckets ``Observe.ask_held`` named, those whose queue answered that no consumer
-    # holds any of its messages (``handover.queue_holds_nothing``).
+    # holds any of its messages (``hashq.records.queue_holds_nothing``).
     emptied: frozenset[int] = frozenset()
 
 

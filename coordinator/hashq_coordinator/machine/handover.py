@@ -136,21 +136,6 @@ class Decision:
         return bool(self.records)
 
 
-def queue_holds_nothing(ready: int, consumers: int) -> bool:
-    """Whether a quorum queue's answer to a passive declare (its ready messages, its
-    consumers) proves that no consumer holds any of its messages, so that a new consumer gets
-    the oldest first. A quorum queue counts a consumer until what it was delivered is settled
-    or returned: a cancelled one that still holds messages is counted (``rabbit_fifo``
-    keeps it, status ``cancelled``), and a dead channel's consumer is removed in the same step
-    that returns what it held (``down``). But a queue that cannot answer (no leader, a
-    timeout) says 0 ready and 0 consumers (``rabbit_quorum_queue:stat/2``), so only an answer
-    with ready messages proves anything: an empty queue's answer cannot be told from none, and
-    its bucket waits ``RETURN_GRACE_SECONDS`` (its next message waits at most that long). A
-    classic queue does not count a cancelled consumer that still holds messages: it is never
-    asked."""
-    return consumers == 0 and ready > 0
-
-
 def committed_owners(view: View) -> dict[int, str | None]:
     """Who each bucket belongs to for planning: its target while it moves, else its owner."""
     owners: dict[int, str | None] = {}

@@ -7,8 +7,9 @@ compares that with what is granted and asks for whatever is missing, once. The e
 actions out and report back with events; ``now`` is their clock (monotonic, or the
 simulator's virtual time), used only for the machine's own timers (``wake_at``).
 
-A lease goes SUBSCRIBING -> CONSUMING, and ends DRAINING (revoked) or CLOSING (cut off) ->
-CLOSED -> (RELEASING, if revoked) -> gone. A bucket is never subscribed again, at its epoch or
+A lease goes (PROVING ->) SUBSCRIBING -> CONSUMING, and ends DRAINING (revoked) or CLOSING (cut
+off) -> CLOSED -> (RELEASING, if revoked) -> gone. PROVING: after a lost connection, in
+``hashq.worker.machine.proof``. A bucket is never subscribed again, at its epoch or
 another, while an earlier lease of it is not gone: a handler that cannot be stopped keeps its
 lease CLOSED, so no message of the bucket runs beside its own redelivery.
 
@@ -28,7 +29,6 @@ from hashq.worker.machine.events import (
     AssignmentRead,
     BeginIncarnation,
     ConfirmSession,
-    CutOff,
     Deregister,
     DropConnection,
     Event,
@@ -52,6 +52,7 @@ from hashq.worker.machine.events import (
 from hashq.worker.machine.leases import WorkerLeases
 from hashq.worker.machine.states import (
     CONFIRM_SECONDS,
+    OPEN_PHASES,
     RETRY_SECONDS,
     Lease,
     Phase,
@@ -74,8 +75,11 @@ class WorkerMachine(WorkerLeases):
         drain_timeout: float,
         stop_within: float,
         withdraw_after: float,
+        prove_returns: bool,
     ) -> None:
         self.worker_id = worker_id
+        self.prove_returns = prove_returns  # quorum bucket queues: see ``machine.proof``
+        self.unproven: dict[int, tuple[int, int]] = {}
         self.buckets = buckets
         self.drain_timeout = drain_timeout
         self.stop_within = stop_within  # how long stopping may wait for releases
@@ -149,6 +153,7 @@ class WorkerMachine(WorkerLeases):
         elif isinstance(event, Registered):
             self._busy, self._link_lost_at = False, None
             self.incarnation, self.session = event.incarnation, Session.CONNECTED
+            self.unproven = {}  # the last life's; its grants are void
             self.connection_number, self.reconnect_attempts = 1, 0
             self._link_to(event.connection, now)
         elif isinstance(event, RegisterFailed):
@@ -291,6 +296,7 @@ class WorkerMachine(WorkerLeases):
         if now >= self._retry_at:
             for bucket, epoch in sorted(grants.items()):
                 self._subscribe(bucket, epoch, actions)
+        self._ask_due(now, actions)
         self._transition(WorkerState.RUNNING if self.consuming() else WorkerState.WAITING)
 
     def _subscribe(self, bucket: int, epoch: int, actions: list[Action]) -> None:
@@ -299,11 +305,10 @@ class WorkerMachine(WorkerLeases):
         if not 0 <= bucket < self.buckets:
             log.error("granted bucket %d, which does not exist; ignored", bucket)
             return
-        lease = Lease(
-            next(self._numbers), bucket, epoch, self.incarnation, connection=self.connection_number
-        )
+        lease = self._new_lease(next(self._numbers), bucket, epoch, self.connection_number)
         self.leases[lease.number] = lease
-        actions.append(Subscribe(lease.number, bucket, epoch))
+        if lease.phase is Phase.SUBSCRIBING:
+            actions.append(Subscribe(lease.number, bucket, epoch))
 
     # ------------------------------------------------------------ connection and incarnation
     def _begin(self, now: float, actions: list[Action]) -> None:
@@ -360,13 +365,11 @@ class WorkerMachine(WorkerLeases):
         self._transition(WorkerState.STOPPING)
         usable = self.session is Session.CONNECTED and self.link_up
         for lease in self.leases.values():
-            if lease.phase is Phase.CONSUMING and usable and not lease.void:
+            if lease.phase in (Phase.CONSUMING, Phase.PROVING) and usable and not lease.void:
                 self._revoke(lease, now, actions)
-            elif lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING, Phase.DRAINING):
-                lease.void = lease.void or not usable
-                if not usable:
-                    lease.phase = Phase.CLOSING
-                    actions.append(CutOff(lease.number))
+            elif lease.phase in OPEN_PHASES and not usable:
+                lease.void = True
+                self._close(lease, actions)
         if not self.leases or self._past_stop(now):
             actions.append(Deregister())
             self._transition(WorkerState.STOPPED)

@@ -132,6 +132,15 @@ class Settled:
 
 
 @dataclass(frozen=True)
+class QueueAnswered:
+    """A bucket queue's answer to ``AskQueue``: its ready messages and its consumers, or None
+    if it could not be asked (no connection, the declare failed)."""
+
+    lease: int
+    answer: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
 class ReleaseWritten:
     lease: int
     ok: bool = True
@@ -163,6 +172,7 @@ Event = (
     | ChannelLost
     | Closed
     | Settled
+    | QueueAnswered
     | ReleaseWritten
     | Tick
     | Stop
@@ -214,6 +224,15 @@ class Subscribe:
 
 
 @dataclass(frozen=True)
+class AskQueue:
+    """Ask the bucket queue of a lease, on the current connection, for its ready messages
+    and consumers (a passive declare; ``QueueAnswered``)."""
+
+    lease: int
+    bucket: int
+
+
+@dataclass(frozen=True)
 class Drain:
     """Cancel the consumer, finish what was delivered within ``within`` seconds, then close
     (``Closed``)."""
@@ -256,6 +275,7 @@ Action = (
     | ResumeRunners
     | ConfirmSession
     | Subscribe
+    | AskQueue
     | Drain
     | CutOff
     | WriteRelease

@@ -17,12 +17,14 @@ from hashq.worker.machine.events import (
     CutOff,
     Drain,
     Event,
+    QueueAnswered,
     ReleaseWritten,
     Session,
     Settled,
     Subscribed,
     WriteRelease,
 )
+from hashq.worker.machine.proof import WorkerProof
 from hashq.worker.machine.states import (
     RELEASE_RETRY_SECONDS,
     RETRY_SECONDS,
@@ -35,7 +37,7 @@ from hashq.worker.machine.states import (
 log = logging.getLogger("hashq.worker.machine.core")
 
 
-class WorkerLeases:
+class WorkerLeases(WorkerProof):
     """The lease steps of ``WorkerMachine``, which sets these fields in its ``__init__``."""
 
     drain_timeout: float
@@ -75,6 +77,8 @@ class WorkerLeases:
             lease.running = 0
         elif isinstance(event, ReleaseWritten):
             self._release_written(lease, event, now)
+        elif isinstance(event, QueueAnswered):
+            actions.extend(self._take_answer(lease, event, now))
 
     def _channel_lost(self, lease: Lease, event: ChannelLost, actions: list[Action]) -> None:
         if event.consumer_timeout and lease.phase in (Phase.CONSUMING, Phase.DRAINING):
@@ -116,7 +120,9 @@ class WorkerLeases:
     def _revoke(self, lease: Lease, now: float, actions: list[Action]) -> None:
         """Drain, close, then release: nothing of the bucket is acknowledged after the release."""
         lease.revoked, lease.since = True, now
-        if lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING):
+        if lease.phase is Phase.PROVING:
+            lease.phase = Phase.CLOSED  # nothing consumed; released as the lost lease would be
+        elif lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING):
             log.info(
                 "bucket %d epoch %d: revoked; draining",
                 lease.bucket,
@@ -132,9 +138,15 @@ class WorkerLeases:
         settled; one of a lost session is ``void``."""
         for lease in self.leases.values():
             lease.void = lease.void or void
-            if lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING, Phase.DRAINING):
-                lease.phase = Phase.CLOSING
-                actions.append(CutOff(lease.number))
+            self._close(lease, actions)
+
+    def _close(self, lease: Lease, actions: list[Action]) -> None:
+        """Cut ``lease`` off now (a proving lease has no channel: it is closed at once)."""
+        if lease.phase is Phase.PROVING:
+            lease.phase = Phase.CLOSED
+        elif lease.phase in (Phase.SUBSCRIBING, Phase.CONSUMING, Phase.DRAINING):
+            lease.phase = Phase.CLOSING
+            actions.append(CutOff(lease.number))
 
     def _settle_closed(self, now: float, actions: list[Action]) -> None:
         """A closed lease that no handler holds any more ends: released if revoked (and of
@@ -144,6 +156,8 @@ class WorkerLeases:
                 continue
             if not lease.revoked or lease.void:
                 del self.leases[lease.number]
+                if not lease.revoked:
+                    self._note_unproven(lease)
             elif lease.incarnation != self.incarnation or self.session is Session.LOST:
                 del self.leases[lease.number]  # that life's grants are void: it is fenced
             elif self._may_release(lease, now):

@@ -34,6 +34,10 @@ class WorkerState(enum.Enum):
 class Phase(enum.Enum):
     """Where one lease is, as the worker's loop sees it."""
 
+    PROVING = "proving"
+    """Granted, but its last lease's connection died under it: nothing is consumed until the
+    bucket queue says it took back what that connection held (``AskQueue``), or, quiet, until
+    ``RETURN_GRACE_SECONDS`` after the current connection came up. No channel is open."""
     SUBSCRIBING = "subscribing"
     """Asked for; nothing consumed yet."""
     CONSUMING = "consuming"
@@ -50,6 +54,10 @@ class Phase(enum.Enum):
     """Closed, settled and revoked: the release is being written."""
 
 
+# The phases a cut-off still has to close (``WorkerLeases._close``).
+OPEN_PHASES = frozenset({Phase.PROVING, Phase.SUBSCRIBING, Phase.CONSUMING, Phase.DRAINING})
+
+
 @dataclass
 class Lease:
     number: int  # unique within the machine: events name leases by it
@@ -62,7 +70,9 @@ class Lease:
     running: int = 0  # handlers still running after the close
     connection: int = 0  # the number of the connection it was consumed on
     unconfirmed: bool = False  # closed while its connection died: see ``_may_release``
-    retry_at: float = 0.0  # when a failed release is written again
+    retry_at: float = 0.0  # when a failed release is written again, or a queue asked again
+    asking: bool = False  # PROVING: a question to its queue is under way
+    told: bool = False  # PROVING: the wait was logged (once per lease)
     since: float = 0.0  # when it was revoked (for the drain-time metric)
 
     @property

@@ -40,6 +40,7 @@ BROKER_CONTACT_SECONDS = 1.0
 # How often a worker asks a bucket queue again while it waits for the queue's word before
 # consuming it again after a lost connection (``hashq.worker.machine.proof``).
 QUEUE_ASK_SECONDS = 0.25
+QUEUE_ANSWER_WITHIN = 2.0  # a question not answered by then counts as no answer
 
 
 def queue_holds_nothing(ready: int, consumers: int) -> bool:

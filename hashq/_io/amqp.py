@@ -12,6 +12,7 @@ from a random one so that a fleet's connections spread over the nodes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -25,6 +26,7 @@ from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
 
 from hashq._io.tls import tls_context
 from hashq.errors import ServiceUnavailable
+from hashq.records import QUEUE_ANSWER_WITHIN
 from hashq.settings import Settings, redact_url
 
 log = logging.getLogger(__name__)
@@ -126,12 +128,13 @@ async def declare_passive(connection: AbstractConnection, queue: str) -> tuple[i
         answer = declared.declaration_result
         return answer.message_count or 0, answer.consumer_count or 0
     finally:
-        if not channel.is_closed:
-            await asyncio.shield(channel.close())
+        if not channel.is_closed:  # bounded: a broker that does not answer holds no caller
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(channel.close()), QUEUE_ANSWER_WITHIN)
 
 
 async def ask_queue(
-    connection: AbstractConnection | None, queue: str, within: float = 2.0
+    connection: AbstractConnection | None, queue: str, within: float = QUEUE_ANSWER_WITHIN
 ) -> tuple[int, int] | None:
     """``declare_passive`` of ``queue`` for a caller that treats every failure alike: None if
     the connection is not usable, the broker refused, or no answer came within ``within``."""

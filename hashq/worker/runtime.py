@@ -156,8 +156,10 @@ class Worker:
         # they made most of a handover's pause (32 buckets, 0.5 s under load).
         actions = self.machine.handle(event, time.monotonic())
         for subscribes, run in itertools.groupby(actions, lambda a: isinstance(a, ev.Subscribe)):
-            if subscribes:
-                await asyncio.gather(*(self._do(action) for action in run))
+            if subscribes:  # every one ends before the next event, whatever the others raise
+                done = await asyncio.gather(*map(self._do, run), return_exceptions=True)
+                for error in (e for e in done if isinstance(e, BaseException)):
+                    raise error
             else:
                 for action in run:
                     await self._do(action)

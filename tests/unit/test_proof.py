@@ -115,3 +115,20 @@ def test_a_new_incarnation_forgets_the_last_one_s_marks() -> None:
     machine, _ = _proving()
     machine.handle(ev.Registered("i2", 1), UP + 1)
     assert machine.unproven == {}
+
+
+def test_a_proven_lease_is_consumed_and_later_released_as_one_of_the_current_connection() -> None:
+    """Left with the dead connection's number, a later unconfirmed close on the current one
+    would pass ``_may_release`` at once (a review found it)."""
+    machine, ask = _proving()
+    machine.handle(ev.QueueAnswered(ask.lease, (40, 0)), UP + 0.01)
+    assert machine.leases[ask.lease].connection == machine.connection_number == 2
+
+
+def test_an_answer_while_the_session_is_in_doubt_subscribes_nothing() -> None:
+    """Only ``_reconcile`` subscribes what is granted, and only with the session CONNECTED."""
+    machine, ask = _proving()
+    machine.handle(ev.SessionChanged(ev.Session.SUSPENDED), UP + 0.01)
+    actions = machine.handle(ev.QueueAnswered(ask.lease, (40, 0)), UP + 0.02)
+    assert not [a for a in actions if isinstance(a, ev.Subscribe)]
+    assert machine.leases[ask.lease].phase is Phase.PROVING

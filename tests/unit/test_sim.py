@@ -33,7 +33,7 @@ FOUND: dict[str, tuple[int, str]] = {
     # fence waits RETURN_GRACE_SECONDS, that wait alone outlasts the owner's noticing in them.
     "a worker cut off from RabbitMQ kept its grants": (12, "no-withdrawal"),
     "a revoked bucket released before the broker dropped its channel": (
-        188,
+        57,
         "release-after-unconfirmed-close",
     ),
     "a connection that died while announced was taken as up": (121, "lost-taken-as-up"),
@@ -48,7 +48,7 @@ FOUND: dict[str, tuple[int, str]] = {
     # The cluster test found these two (a RabbitMQ node killed during a handover); the model
     # has them since its queues may take back a dead connection's messages late.
     "a bucket released while its queue still held what a dead connection had": (
-        188,
+        87,
         "release-without-return-grace",
     ),
     "a bucket granted after a fence while its queue still held what was cut off": (

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hashq.records import Assignment, Paths, Registration, Release, worker_connection_name
+from hashq.records import (
+    QUEUE_ANSWER_WITHIN,
+    Assignment,
+    Paths,
+    Registration,
+    Release,
+    worker_connection_name,
+)
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.contact import RENEW_SECONDS, BrokerContact
 from hashq.worker.machine.core import WorkerMachine
@@ -365,8 +372,14 @@ class SimWorker(Process):
         self.client.call(lambda zk, _: zk.get(PATHS.worker(self.worker_id)), arrived)
 
     def _ask_queue(self, action: ev.AskQueue) -> None:
+        told = [False]  # the answer, or no answer once ``ask_queue`` would have given up
+
         def answered(answer: tuple[int, int] | None) -> None:
-            self.post(ev.QueueAnswered(action.lease, answer))
+            if not told[0]:
+                told[0] = True
+                self.post(ev.QueueAnswered(action.lease, answer))
+
+        self.later(QUEUE_ANSWER_WITHIN, lambda: answered(None))
 
         connection = self.connection
         if connection is None:

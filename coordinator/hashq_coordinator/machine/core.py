@@ -246,7 +246,7 @@ class CoordinatorMachine:
             log.info("coordinator %s: gives up the lead (%s)", self.me, why)
         self.role = Role.CANDIDATE
         self.records, self.written, self.fencing = {}, {}, set()
-        self._busy, self._pending = False, None
+        self._busy, self._pending, self._missed = False, None, False
         self.suspects, self._asking, self._held_asked = {}, (), {}
         # The lock goes back however long ZooKeeper takes: dropped after one failed try while
         # the session lives on, its node would sit ahead of every later one of this session.

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 
 from hashq.records import QUEUE_ASK_SECONDS, RETURN_GRACE_SECONDS, queue_holds_nothing
-from hashq.worker.machine.events import Action, AskQueue, QueueAnswered, Subscribe
+from hashq.worker.machine.events import Action, AskQueue, QueueAnswered, Session, Subscribe
 from hashq.worker.machine.states import Lease, Phase
 
 log = logging.getLogger("hashq.worker.machine.core")
@@ -37,7 +37,10 @@ class WorkerProof:
 
     prove_returns: bool
     incarnation: str
+    session: Session
+    link_up: bool
     link_up_since: float
+    connection_number: int
     leases: dict[int, Lease]
     # bucket -> (epoch, connection) of a still-granted lease that a dying connection closed
     unproven: dict[int, tuple[int, int]]
@@ -78,6 +81,9 @@ class WorkerProof:
             return []
         lease.asking = False
         answer = event.answer
+        if not (self.session is Session.CONNECTED and self.link_up):
+            self._wait(lease, answer, now)  # asked again once ``_reconcile`` runs
+            return []
         quiet = answer is None or answer[1] == 0  # no consumer counted, or no word at all
         if answer is not None and queue_holds_nothing(*answer):
             why = "its queue took back what the lost connection held"
@@ -94,6 +100,7 @@ class WorkerProof:
             extra=lease.fields,
         )
         lease.phase, lease.unconfirmed = Phase.SUBSCRIBING, False
+        lease.connection = self.connection_number  # consumed on this one from now on
         return [Subscribe(lease.number, lease.bucket, lease.epoch)]
 
     def _wait(self, lease: Lease, answer: tuple[int, int] | None, now: float) -> None:

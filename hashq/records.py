@@ -35,8 +35,9 @@ RETURN_GRACE_SECONDS = 5.0
 # How long after the broker last answered it a worker may start a message delivered on that
 # connection (``hashq.worker.machine.contact``): so a connection the broker closed starts nothing
 # in its worker this long after the close, whatever that worker knows (docs/protocol.md,
-# "Granting before the return grace: the old owner's bound").
-BROKER_CONTACT_SECONDS = 1.0
+# "Granting before the return grace: the old owner's bound"). Half a second: a crash's failover
+# waits out this bound (or the crash grace, if longer) after the broker's word of the close.
+BROKER_CONTACT_SECONDS = 0.5
 # How often a worker asks a bucket queue again while it waits for the queue's word before
 # consuming it again after a lost connection (``hashq.worker.machine.proof``).
 QUEUE_ASK_SECONDS = 0.25

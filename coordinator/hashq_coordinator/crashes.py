@@ -28,7 +28,7 @@ from aiormq.exceptions import ChannelAccessRefused, ChannelNotFoundEntity
 
 from hashq._io.amqp import close_quietly, connect_amqp, connection_name
 from hashq.records import parse_worker_connection_name
-from hashq_coordinator.machine.fencebook import Incarnation
+from hashq_coordinator.machine.events import ConnectionClosed
 from hashq_coordinator.settings import CoordinatorSettings
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,11 @@ def events_url(url: str, vhost: str) -> str:
 
 
 class CrashFeed:
-    """Subscribes to ``connection.closed`` and tells ``on_closed`` whose connection it was."""
+    """Subscribes to ``connection.closed`` and tells ``on_closed`` which worker connection it
+    was (the name, and the incarnation the name gives)."""
 
     def __init__(
-        self, settings: CoordinatorSettings, on_closed: Callable[[Incarnation], None]
+        self, settings: CoordinatorSettings, on_closed: Callable[[ConnectionClosed], None]
     ) -> None:
         self._settings = settings.model_copy(
             update={
@@ -122,9 +123,11 @@ class CrashFeed:
         name = message.headers.get("user_provided_name")
         if isinstance(name, bytes):
             name = name.decode(errors="replace")
-        incarnation = parse_worker_connection_name(name) if isinstance(name, str) else None
+        if not isinstance(name, str):
+            return
+        incarnation = parse_worker_connection_name(name)
         if incarnation is not None:
-            self._on_closed(incarnation)
+            self._on_closed(ConnectionClosed(incarnation, name))
 
     def _become(self, state: FeedState, why: str) -> None:
         """Log a change of state once (not every retry)."""

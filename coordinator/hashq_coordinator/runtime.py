@@ -80,7 +80,7 @@ class Coordinator:
             ask_returns=settings.early_grant and self.topology.queue_type == "quorum",
             book=self.fencer.book,
         )
-        self.crashes = CrashFeed(settings, lambda i: self.post(cm.ConnectionClosed(i)))
+        self.crashes = CrashFeed(settings, self.post)
         self._measure()
 
     @property

@@ -30,7 +30,7 @@ class CoordinatorSettings(ServiceSettings):
         6.0, ge=0, le=120, description="seconds a new connection may take to show in the API"
     )
     crash_grace: float = Field(
-        2.0,
+        0.5,
         ge=0,
         le=60,
         description="seconds a worker whose AMQP connection closed has to come back before it "

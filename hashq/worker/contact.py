@@ -17,14 +17,13 @@ import time
 from aio_pika.abc import AbstractConnection
 
 from hashq._io.amqp import close_quietly, connection_usable
-from hashq.records import BROKER_CONTACT_SECONDS
 from hashq.worker.machine.contact import RENEW_SECONDS, BrokerContact
 
 log = logging.getLogger(__name__)
 
 # A connection that looks usable but has answered nothing for this long is closed, so that the
 # worker reconnects rather than starting nothing for ever.
-SILENT_LIMIT_SECONDS = 10 * BROKER_CONTACT_SECONDS
+SILENT_LIMIT_SECONDS = 10.0
 
 
 class ContactKeeper:

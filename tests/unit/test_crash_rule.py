@@ -22,6 +22,14 @@ def _workers(*incarnations: tuple[str, str]) -> dict[str, Registration]:
     }
 
 
+def closed(incarnation: tuple[str, str], number: int = 1) -> cm.ConnectionClosed:
+    """The broker's word that connection ``number`` of ``incarnation`` closed (the first is the
+    one ``_workers`` announces)."""
+    return cm.ConnectionClosed(
+        incarnation, f"hashq-worker-{incarnation[0]}-{incarnation[1]}-{number}"
+    )
+
+
 def _leading() -> CoordinatorMachine:
     """A leader that granted four buckets to w1 and w2 and committed them."""
     machine = CoordinatorMachine(
@@ -41,8 +49,8 @@ def _owned_by(machine: CoordinatorMachine, worker: str) -> list[int]:
 
 def test_a_closed_connection_is_asked_about_once_the_grace_has_passed() -> None:
     machine = _leading()
-    assert machine.handle(cm.ConnectionClosed(W1), 1.0) == [cm.Wake(GRACE)]
-    assert machine.handle(cm.ConnectionClosed(W1), 1.1) == [cm.Wake(GRACE)]  # from the newest
+    assert machine.handle(closed(W1), 1.0) == [cm.Wake(GRACE)]
+    assert machine.handle(closed(W1), 1.1) == [cm.Wake(GRACE)]  # from the newest
     assert machine.handle(cm.Tick(), 1.5) == [cm.Observe(())]  # within its grace: not asked
     machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 0, "w2": 0}), 1.55)
     assert machine.handle(cm.Tick(), 1.6) == [cm.Observe((W1,))]
@@ -65,9 +73,9 @@ def test_a_watch_that_fires_during_an_observation_is_observed_as_soon_as_it_is_d
 
 def test_a_suspect_that_closed_again_while_asked_is_asked_again() -> None:
     machine = _leading()
-    machine.handle(cm.ConnectionClosed(W1), 1.0)
+    machine.handle(closed(W1), 1.0)
     assert machine.handle(cm.Tick(), 1.5) == [cm.Observe((W1,))]
-    machine.handle(cm.ConnectionClosed(W1), 1.55)  # its new connection closed too
+    machine.handle(closed(W1, 2), 1.55)  # its new connection closed too
     machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 1, "w2": 0}), 1.6)  # it lived
     assert machine.handle(cm.Tick(), 2.1) == [cm.Observe((W1,))]
 
@@ -75,7 +83,7 @@ def test_a_suspect_that_closed_again_while_asked_is_asked_again() -> None:
 def test_a_worker_with_no_connection_left_is_expelled_and_its_buckets_fenced() -> None:
     machine = _leading()
     held = _owned_by(machine, "w1")
-    machine.handle(cm.ConnectionClosed(W1), 1.0)
+    machine.handle(closed(W1), 1.0)
     assert machine.handle(cm.Tick(), 1.5) == [cm.Observe((W1,))]
     actions = machine.handle(
         cm.Observed(_workers(W1, W2), {}, {"w1": 7, "w2": 0}, frozenset({W1})), 1.6
@@ -94,7 +102,7 @@ def test_a_worker_with_no_connection_left_is_expelled_and_its_buckets_fenced() -
 def test_a_worker_that_came_back_within_the_grace_keeps_its_buckets() -> None:
     machine = _leading()
     held = _owned_by(machine, "w1")
-    machine.handle(cm.ConnectionClosed(W1), 1.0)
+    machine.handle(closed(W1), 1.0)
     machine.handle(cm.Tick(), 1.5)
     # The broker says a connection of it lives (or could not be asked): nothing moves.
     assert machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 8, "w2": 0}), 1.6) == []
@@ -104,7 +112,7 @@ def test_a_worker_that_came_back_within_the_grace_keeps_its_buckets() -> None:
 
 def test_a_new_incarnation_of_the_same_worker_is_not_expelled_for_the_old_one() -> None:
     machine = _leading()
-    machine.handle(cm.ConnectionClosed(W1), 1.0)
+    machine.handle(closed(W1), 1.0)
     machine.handle(cm.Tick(), 1.5)
     actions = machine.handle(
         cm.Observed(_workers(("w1", "i9"), W2), {}, {"w1": 0, "w2": 0}, frozenset({W1})), 1.6
@@ -114,16 +122,16 @@ def test_a_new_incarnation_of_the_same_worker_is_not_expelled_for_the_old_one() 
 
 def test_unknown_connections_and_followers_raise_no_suspicion() -> None:
     machine = _leading()
-    assert machine.handle(cm.ConnectionClosed(("w3", "i3")), 1.0) == []
+    assert machine.handle(closed(("w3", "i3")), 1.0) == []
     follower = CoordinatorMachine("d", 4, settle=0, drain_timeout=5, fence_grace=1)
-    assert follower.handle(cm.ConnectionClosed(W1), 1.0) == []
+    assert follower.handle(closed(W1), 1.0) == []
     assert machine.suspects == {} and follower.suspects == {}
 
 
 def test_a_refused_expulsion_writes_nothing_and_the_leader_reads_again() -> None:
     machine = _leading()
     before = dict(machine.records)
-    machine.handle(cm.ConnectionClosed(W1), 1.0)
+    machine.handle(closed(W1), 1.0)
     machine.handle(cm.Tick(), 1.5)
     machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 7, "w2": 0}, frozenset({W1})), 1.6)
     # Asked again at once: it will be found alive (or, if it died again, expelled then).

@@ -19,13 +19,15 @@ from hashq.worker.machine.contact import BrokerContact
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
 from hashq_coordinator.machine.handover import View
-from tests.unit.test_crash_rule import W1, W2, _leading, _owned_by, _workers
+from tests.unit.test_crash_rule import W1, W2, _leading, _owned_by, _workers, closed
 from tests.unit.test_runner import _Blocking, _job, _Lease, _runners
 
 FENCING = BucketRecord(BucketState.FENCING, "a", "1", 3, since=10.0)
 
 
-def _view(now: float, emptied: frozenset[int] = frozenset()) -> View:
+def _view(
+    now: float, emptied: frozenset[int] = frozenset(), closed_at: float | None = None
+) -> View:
     return View(
         1,
         {0: FENCING},
@@ -36,6 +38,7 @@ def _view(now: float, emptied: frozenset[int] = frozenset()) -> View:
         30.0,
         fences_done={("a", "1"): (11.0,)},
         emptied=emptied,
+        closed_at={} if closed_at is None else {("a", "1"): closed_at},
     )
 
 
@@ -55,9 +58,39 @@ def test_a_proven_bucket_is_granted_once_the_owner_can_start_nothing_more() -> N
     assert _view(done + RETURN_GRACE_SECONDS).returned(0, FENCING)
 
 
-def _expelled_and_fenced(machine: CoordinatorMachine) -> list[int]:
+def test_the_bound_runs_from_the_broker_s_word_that_the_fenced_connection_closed() -> None:
+    """A crash: the broker said the owner's connection closed (9.0) before the expulsion's
+    fence finished (11.0), so the bound has lapsed by then; heard only after the fence, the
+    fence counts."""
+    proven = frozenset({0})
+    assert _view(11.0, proven, closed_at=9.0).returned(0, FENCING)
+    assert not _view(11.0 + BROKER_CONTACT_SECONDS - 0.01, proven, closed_at=11.5).returned(
+        0, FENCING
+    )
+    assert _view(11.0 + BROKER_CONTACT_SECONDS, proven, closed_at=11.5).returned(0, FENCING)
+    assert not _view(11.0, closed_at=9.0).returned(0, FENCING)  # no word from the queue
+
+
+def test_only_the_close_of_the_connection_the_fence_covered_starts_the_bound() -> None:
+    """(After an observation shortly before, as the leader's ticks make: one more than a
+    session apart takes the expelled worker's connection as unseen, which no word covers.)"""
+    announced, other = _leading(), _leading()
+    for machine in (announced, other):
+        machine.handle(cm.Tick(), 0.9)
+        machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 0, "w2": 0}), 0.95)
+    _expelled_and_fenced(announced, number=1)
+    _expelled_and_fenced(other, number=2)
+    for machine in (announced, other):
+        machine.handle(cm.FenceDone(W1, machine.book.sighting(W1, 1.8)), 1.8)
+    assert announced.book.closed_at() == {W1: 1.0}
+    assert other.book.closed_at() == {}
+
+
+def _expelled_and_fenced(machine: CoordinatorMachine, number: int = 2) -> list[int]:
+    """w1 expelled after the broker said its connection ``number`` closed (by default not the
+    one it announced, so its fence, not that word, starts its contact bound)."""
     held = _owned_by(machine, "w1")
-    machine.handle(cm.ConnectionClosed(W1), 1.0)
+    machine.handle(closed(W1, number), 1.0)
     machine.handle(cm.Tick(), 1.5)
     machine.handle(cm.Observed(_workers(W1, W2), {}, {"w1": 7, "w2": 0}, frozenset({W1})), 1.6)
     machine.handle(cm.Committed(), 1.7)
@@ -74,7 +107,9 @@ def test_the_leader_asks_the_queues_of_fenced_buckets_only_after_the_fence() -> 
     assert observe == cm.Observe((), tuple(held))
     waiting = machine.handle(cm.Observed(_workers(W2), {}, {"w2": 0}, emptied=frozenset(held)), 1.9)
     (wake,) = waiting  # asked again once the bound has passed
-    assert isinstance(wake, cm.Wake) and wake.after == pytest.approx(0.9)
+    assert isinstance(wake, cm.Wake) and wake.after == pytest.approx(
+        1.8 + BROKER_CONTACT_SECONDS - 1.9
+    )
     assert all(machine.records[b].state is BucketState.FENCING for b in held)  # within 1 s
     later = 1.81 + BROKER_CONTACT_SECONDS
     (again,) = machine.handle(cm.Tick(), later)

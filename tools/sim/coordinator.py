@@ -51,7 +51,7 @@ class CoordinatorConfig:
     settle: float = 1.0
     management_lag: float = 2.0
     session_timeout: float = 4.0
-    crash_grace: float = 2.0
+    crash_grace: float = 0.5
     crash_events: bool = True  # the broker's event exchange is enabled
     ask_returns: bool = True  # quorum bucket queues: asked whether they took back what was held
 
@@ -103,7 +103,7 @@ class SimCoordinator(Process):
 
         def arrived() -> None:
             if self.amqp_link.up:
-                self.post(cm.ConnectionClosed(incarnation))
+                self.post(cm.ConnectionClosed(incarnation, name))
 
         self.later(self.world.latency(), arrived)
 

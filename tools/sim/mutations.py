@@ -41,6 +41,10 @@ COPIED = (
 VIOLATION = re.compile(r"^seed (\d+): VIOLATION (.*)$", re.MULTILINE)
 NAMES = re.compile(r"\b[wb]\d+\b")  # a worker (w3) or a bucket queue (b0007)
 # What a simulated handler thread checks before it begins its job.
+# When the leader takes a fenced owner's contact bound to have lapsed (``View._contact_lapses``).
+_CONTACT_LAPSES = (
+    "return min(*fenced, self.closed_at.get(owner, math.inf)) + BROKER_CONTACT_SECONDS"
+)
 THREAD_CHECK = (
     "if self.paused or not job.lease.core.may_start() or not self._heard(job.lease.connection):"
 )
@@ -237,15 +241,30 @@ MUTATIONS = (
         "grant-without-return-grace",
         "a grant after a fence does not wait for the queues to take back",
         "coordinator/hashq_coordinator/machine/handover.py",
-        "wait = BROKER_CONTACT_SECONDS if bucket in self.emptied else RETURN_GRACE_SECONDS",
-        "wait = 0.0",
+        "done <= self.now - RETURN_GRACE_SECONDS for done",
+        "done <= self.now for done",
+        also=((_CONTACT_LAPSES, _CONTACT_LAPSES.removesuffix(" + BROKER_CONTACT_SECONDS")),),
     ),
     Mutation(
         "grant-on-return-without-contact",
         "a grant once the queue took everything back does not wait out the owner's broker contact",
         "coordinator/hashq_coordinator/machine/handover.py",
-        "wait = BROKER_CONTACT_SECONDS if bucket in self.emptied",
-        "wait = 0.0 if bucket in self.emptied",
+        _CONTACT_LAPSES,
+        _CONTACT_LAPSES.removesuffix(" + BROKER_CONTACT_SECONDS"),
+    ),
+    Mutation(
+        "contact-from-any-close",
+        "the owner's broker contact counted from the broker's word that any connection of it "
+        "closed, not only the one its fence covered",
+        "coordinator/hashq_coordinator/machine/fencebook.py",
+        "if connection in self._closed.get(incarnation, {})",
+        "if self._closed.get(incarnation)",
+        also=(
+            (
+                "incarnation: self._closed[incarnation][connection]",
+                "incarnation: min(self._closed[incarnation].values())",
+            ),
+        ),
     ),
     Mutation(
         "return-proof-from-no-answer",

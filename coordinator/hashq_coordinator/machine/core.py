@@ -16,10 +16,9 @@ it), the next observation asks the broker whether the incarnation still holds a 
 not, it is expelled: its registration is deleted in the commit, checked against the version
 read before the question, and its buckets are fenced as those of a vanished worker.
 
-Returns: a fenced bucket is granted ``RETURN_GRACE_SECONDS`` after its owner's fence finished,
-or sooner if ``ask_returns`` (quorum bucket queues) and its queue, asked by an observation that
-started after that fence finished, proves that no consumer holds any of its messages
-(``hashq.records.queue_holds_nothing``).
+Returns (``handover.View.returned``): a fenced bucket is granted ``RETURN_GRACE_SECONDS`` after
+its owner's fence, or once the owner's contact bound lapsed if its queue (``ask_returns``), asked
+after that fence, proves that no consumer holds any of it (``records.queue_holds_nothing``).
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ class CoordinatorMachine:
         settle: float,
         drain_timeout: float,
         fence_grace: float,
-        crash_grace: float = 2.0,
+        crash_grace: float = 0.5,
         ask_returns: bool = False,
         book: FenceBook | None = None,
     ) -> None:
@@ -143,10 +142,9 @@ class CoordinatorMachine:
             self._busy = False
             return []
         if isinstance(event, Committed):
-            fences = self._committed()
-            return fences + self._observe_missed(now)
+            return self._committed() + self._observe_missed(now)
         if isinstance(event, ConnectionClosed):
-            return self._connection_closed(event.incarnation, now)
+            return self._connection_closed(event, now)
         if isinstance(event, ExpelRefused):
             return self._expel_refused(event, now)
         if isinstance(event, Deposed):
@@ -187,6 +185,7 @@ class CoordinatorMachine:
             releases=releases,
             fenced=self.book.covered(),
             fences_done=self.book.fences_done(),
+            closed_at=self.book.closed_at(),
             now=now,
             revoke_timeout=self.revoke_timeout,
             fence_grace=self.fence_grace,
@@ -202,13 +201,14 @@ class CoordinatorMachine:
         """Observe again at once if a watch or a suspect's grace came while busy (not a tick on)."""
         return self._observe(now) if self._missed or self._due(now) else []
 
-    def _connection_closed(self, incarnation: Incarnation, now: float) -> list[Action]:
-        """A connection of ``incarnation`` closed: a suspect if it is a live member (others
-        are of no concern), asked about once the grace has passed since its newest close (the
-        question is whether any connection of it is left)."""
-        if incarnation not in self.members:
+    def _connection_closed(self, event: ConnectionClosed, now: float) -> list[Action]:
+        """A connection of a live member closed (others are of no concern): a suspect, asked
+        about once the grace has passed since its newest close (whether any connection of it
+        is left). When it closed bounds the owner's contact (``View.returned``)."""
+        if event.incarnation not in self.members:
             return []
-        self.suspects[incarnation] = now
+        self.suspects[event.incarnation] = now
+        self.book.heard_closed(event.incarnation, event.connection, now)
         return [Wake(self.crash_grace)]
 
     def _expel_refused(self, refused: ExpelRefused, now: float) -> list[Action]:

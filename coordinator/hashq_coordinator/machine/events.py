@@ -87,6 +87,7 @@ class ConnectionClosed:
     closed. Whether the worker crashed is asked once the crash grace has passed."""
 
     incarnation: Incarnation
+    connection: str  # its name (``hashq.records.worker_connection_name``)
 
 
 @dataclass(frozen=True)

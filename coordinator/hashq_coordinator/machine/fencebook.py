@@ -43,6 +43,8 @@ class FenceBook:
         self._fenced: dict[Incarnation, str] = {}  # the newest connection a fence covered
         self._fenced_at: dict[Incarnation, list[float]] = {}  # when its fences finished
         self._live: set[Incarnation] = set()  # live at the last observation
+        # incarnation -> connection -> when the broker's word that it closed was first heard
+        self._closed: dict[Incarnation, dict[str, float]] = {}
         self._seen_until = -math.inf  # when the last observation was asked
 
     def note(
@@ -64,6 +66,7 @@ class FenceBook:
         self._sightings = {k: v for k, v in self._sightings.items() if k in keep}
         self._fenced = {k: v for k, v in self._fenced.items() if k in keep}
         self._fenced_at = {k: v for k, v in self._fenced_at.items() if k in keep}
+        self._closed = {k: v for k, v in self._closed.items() if k in keep}
 
     def _unseen(self, vanished: set[Incarnation], now: float) -> None:
         """Incarnations that vanished while this leader did not look for as long as a session
@@ -96,6 +99,21 @@ class FenceBook:
         """A fence finished ``now``; it covered ``covered`` (the sighting it waited for)."""
         self._fenced[incarnation] = covered.connection
         self._fenced_at.setdefault(incarnation, []).append(now)
+
+    def heard_closed(self, incarnation: Incarnation, connection: str, now: float) -> None:
+        """The broker said (its event exchange) that ``connection`` closed: heard ``now``,
+        which is after it closed."""
+        self._closed.setdefault(incarnation, {}).setdefault(connection, now)
+
+    def closed_at(self) -> dict[Incarnation, float]:
+        """When the connection that each incarnation's newest fence covered was heard closed.
+        Every older connection of it stopped asking the broker anything before that one was
+        opened, so from then on no connection of it that could hold a bucket is answered."""
+        return {
+            incarnation: self._closed[incarnation][connection]
+            for incarnation, connection in self._fenced.items()
+            if connection in self._closed.get(incarnation, {})
+        }
 
     def covered(self) -> frozenset[Incarnation]:
         """Incarnations fenced since their newest connection was announced."""

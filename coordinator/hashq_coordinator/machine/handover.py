@@ -12,7 +12,8 @@ Per bucket (states in ``hashq.records.BucketState``):
 
 A fenced bucket is granted once the queue has taken back what the cut-off owner held and the
 owner can start nothing more: ``RETURN_GRACE_SECONDS`` after the fence, or
-``BROKER_CONTACT_SECONDS`` after it when the queue itself says so (``queue_holds_nothing``).
+``BROKER_CONTACT_SECONDS`` after it (or after the broker's word that the connection it covered
+closed, if sooner) when the queue itself says so (``queue_holds_nothing``).
 
 A bucket is in an owner's assignment only while ``granted`` to it: leaving the assignment is
 what tells the owner to drain. A grant never happens before the previous owner released or was
@@ -56,6 +57,9 @@ class View:
     # Fencing buckets whose queue said, when asked after their owner's fence had finished,
     # that no consumer holds any of its messages (``queue_holds_nothing``).
     emptied: frozenset[int] = frozenset()
+    # When the connection each incarnation's newest fence covered was heard closed
+    # (``FenceBook.closed_at``): its owner's contact bound runs from then, not from the fence.
+    closed_at: Mapping[Incarnation, float] = field(default_factory=dict)
 
     def returned(self, bucket: int, record: BucketRecord) -> bool:
         """Whether what ``record``'s owner held has been taken back by the queue: it is
@@ -63,26 +67,38 @@ class View:
         connection that could hold the bucket) did so ``RETURN_GRACE_SECONDS`` ago; or
         ``BROKER_CONTACT_SECONDS`` ago, if the queue, asked after that fence, said no consumer
         holds anything (``emptied``): by then the owner, whatever it knows, starts nothing more
-        it was delivered on a closed connection (``hashq.worker.machine.contact``). A queue
+        it was delivered on a closed connection (``hashq.worker.machine.contact``); that bound
+        runs from when the broker said the fenced connection closed, if it said so sooner
+        (a crash: the grace before the expulsion covers it). A queue
         led from a failed node takes back a dead connection's messages only once it has a
         leader again (tests/e2e/test_cluster.py); a later fence of a newer connection, which
         could not consume the bucket, does not restart the wait."""
         if self.needs_fence(record):
             return False
-        wait = BROKER_CONTACT_SECONDS if bucket in self.emptied else RETURN_GRACE_SECONDS
-        return any(done <= self.now - wait for done in self._fenced_since(record))
+        if bucket in self.emptied:
+            return self._contact_lapses(record) <= self.now
+        return any(done <= self.now - RETURN_GRACE_SECONDS for done in self._fenced_since(record))
+
+    def _contact_lapses(self, record: BucketRecord) -> float:
+        """When the fenced owner of ``record`` starts nothing more delivered on a connection
+        that could hold it: ``BROKER_CONTACT_SECONDS`` after the first fence that finished since
+        the bucket began to move, or after the broker's word that the connection that fence
+        covered closed, whichever came first (infinity without such a fence)."""
+        fenced = self._fenced_since(record)
+        if not fenced:
+            return math.inf
+        owner = (str(record.owner), str(record.incarnation))
+        return min(*fenced, self.closed_at.get(owner, math.inf)) + BROKER_CONTACT_SECONDS
 
     def proof_due(self) -> float | None:
         """When the first bucket its queue proved (``emptied``), still waiting out its owner's
         contact bound, may be granted: the leader asks again then, not at its next tick."""
         due = [
-            min(self._fenced_since(record)) + BROKER_CONTACT_SECONDS
+            self._contact_lapses(record)
             for bucket, record in self.records.items()
-            if bucket in self.emptied
-            and not self.returned(bucket, record)
-            and self._fenced_since(record)
+            if bucket in self.emptied and not self.returned(bucket, record)
         ]
-        return min(due, default=None)
+        return min((at for at in due if at < math.inf), default=None)
 
     def awaiting_return(self) -> tuple[int, ...]:
         """Fencing buckets whose owner is cut off but whose queue may still be taking back

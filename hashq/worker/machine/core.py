@@ -58,6 +58,7 @@ from hashq.worker.machine.states import (
     Phase,
     WorkerCounts,
     WorkerState,
+    reconnect_delay,
 )
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ class WorkerMachine(WorkerLeases):
                 log.info("AMQP connection back after %d attempts", self.reconnect_attempts)
             self.reconnect_attempts = 0 if self.link_up else self.reconnect_attempts
         elif isinstance(event, LinkFailed):
-            self._busy, self._retry_at = False, now + RETRY_SECONDS
+            self._busy, self._retry_at = False, now + reconnect_delay(self.reconnect_attempts)
             if event.registration_gone:
                 log.warning("%s; the session is lost", event.error)
                 self.session = Session.LOST

@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 RETRY_SECONDS = 1.0  # between attempts to register, reconnect or subscribe
 RELEASE_RETRY_SECONDS = 0.5
 CONFIRM_SECONDS = 0.3  # between questions to ZooKeeper while suspended
+FIRST_RECONNECT_SECONDS = 0.05
+
+
+def reconnect_delay(failed: int) -> float:
+    """Before the next attempt to reconnect after ``failed`` attempts failed: from 0.05 s,
+    doubling up to ``RETRY_SECONDS``. A live worker whose connection the broker closed must take
+    its liveness queue again within the coordinator's crash grace (0.5 s), and its first try
+    fails while the broker has not yet ended the old connection's exclusive queue."""
+    return min(RETRY_SECONDS, FIRST_RECONNECT_SECONDS * 2.0 ** max(0, failed - 1))
 
 
 class WorkerState(enum.Enum):

@@ -17,8 +17,10 @@ Under ``/hashq/<app>``:
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -106,9 +108,16 @@ class Paths:
 
 
 def worker_connection_name(worker_id: str, incarnation: str, number: int = 1) -> str:
-    """The name of an incarnation's ``number``-th AMQP connection: each reconnect makes a new
-    one, announced in the registration before anything is consumed on it."""
+    """The name of an incarnation's ``number``-th AMQP connection attempt: each reconnect makes
+    a new connection, announced in the registration before anything is consumed on it."""
     return f"hashq-worker-{worker_id}-{incarnation}-{number}"
+
+
+def worker_connection_names(worker_id: str, incarnation: str) -> Iterator[str]:
+    """One name per connection attempt of an incarnation, never one twice: the broker reports
+    the close of a failed attempt too, and the leader takes a report about a name as about the
+    connection announced under it (``FenceBook.heard_closed``)."""
+    return (worker_connection_name(worker_id, incarnation, n) for n in itertools.count(1))
 
 
 def incarnation_connections(worker_id: str, incarnation: str) -> re.Pattern[str]:
@@ -171,6 +180,10 @@ class Registration:
     connection: str = ""  # its current AMQP connection's name (see ``worker_connection_name``)
     drain_timeout: float = 0.0  # how long it drains a revoked bucket; 0: unknown (protocol 1)
     session_timeout: float = 0.0  # its ZooKeeper session timeout; 0: unknown (older workers)
+    # How long after the broker last answered it it still starts what it was delivered (its
+    # version's ``BROKER_CONTACT_SECONDS``); 0: unknown (older workers), so a bucket fenced off
+    # it is granted only ``RETURN_GRACE_SECONDS`` after the fence, whatever its queue says.
+    contact_seconds: float = 0.0
 
     def encode(self) -> bytes:
         return _encode(self)

@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import random
 import socket
 import uuid
+from collections.abc import Iterator
 from typing import TypeGuard
 
 import aio_pika
 from aio_pika.abc import AbstractConnection
-from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
+from aiormq.exceptions import (
+    AMQPConnectionError,
+    InvalidFrameError,
+    ProbableAuthenticationError,
+)
 
 from hashq._io.tls import tls_context
 from hashq.errors import ServiceUnavailable
@@ -39,12 +45,23 @@ def connection_name(role: str) -> str:
 
 async def connect_amqp(settings: Settings, name: str) -> AbstractConnection:
     """An open connection named ``name`` to one of ``settings.amqp_urls``."""
+    connection, _ = await connect_named(settings, itertools.repeat(name))
+    return connection
+
+
+async def connect_named(settings: Settings, names: Iterator[str]) -> tuple[AbstractConnection, str]:
+    """An open connection to one of ``settings.amqp_urls`` and its name: each attempt takes the
+    next of ``names``. A node that fails an attempt after the handshake began (a vhost refused,
+    a node shutting down, an answer too late) still reports a connection of that name closed on
+    its event exchange; the leader counts a fenced worker's broker contact from such a report
+    (docs/protocol.md), so a worker's connection name must never mean two connections."""
     urls = settings.amqp_urls
     start = random.randrange(len(urls))
     failures: list[str] = []
     for url in urls[start:] + urls[:start]:
+        name = next(names)
         try:
-            return await _connect(url, settings, name)
+            return await _connect(url, settings, name), name
         except ServiceUnavailable as exc:
             failures.append(str(exc))
     if len(failures) == 1:
@@ -68,6 +85,11 @@ async def _connect(url: str, settings: Settings, name: str) -> AbstractConnectio
     except TimeoutError:
         raise ServiceUnavailable(
             f"RabbitMQ at {where} did not answer within {settings.connect_timeout:g}s"
+        ) from None
+    except InvalidFrameError:  # aiormq's word for a Connection.Close answering the open
+        raise ServiceUnavailable(
+            f"RabbitMQ at {where} closed the connection as it opened: does the vhost exist, "
+            "and may the user use it?"
         ) from None
     except (AMQPConnectionError, OSError) as exc:
         raise ServiceUnavailable(

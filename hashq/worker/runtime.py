@@ -15,16 +15,16 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 
 from aio_pika.abc import AbstractConnection
 
-from hashq._io.amqp import ask_queue, close_quietly, connect_amqp, connection_usable
+from hashq._io.amqp import ask_queue, close_quietly, connect_named, connection_usable
 from hashq._io.health import health_endpoints
 from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
 from hashq.message import Handler
 from hashq.provision import ensure_topology
-from hashq.records import worker_connection_name
+from hashq.records import worker_connection_names
 from hashq.routing import App
 from hashq.settings import WorkerSettings, default_worker_id
 from hashq.topology import Topology
@@ -72,6 +72,7 @@ class Worker:
         self._contact = ContactKeeper()  # of the current connection: runners start while fresh
         self._leases: dict[int, BucketLease] = {}  # by the machine's lease number
         self._connection_numbers = itertools.count(1)
+        self._names: Iterator[str] = iter(())  # the current incarnation's connection names
         self._tasks: set[asyncio.Task[None]] = set()
         self._watchdog = PauseWatch(settings.zk_session_timeout, self._pause_seen)
         self._reminded = 0.0
@@ -183,7 +184,7 @@ class Worker:
         elif isinstance(action, ev.BeginIncarnation):
             self._start(self._begin_incarnation())
         elif isinstance(action, ev.Reconnect):
-            self._start(self._reconnect(action.number))
+            self._start(self._reconnect())
         elif isinstance(action, ev.ConfirmSession):
             self._start(self._confirm(action.asked))
         elif isinstance(action, ev.Subscribe):
@@ -226,9 +227,9 @@ class Worker:
         registration, which names it."""
         await self._drop_connection()
         incarnation = self._membership.new_incarnation()
-        name = worker_connection_name(self.worker_id, incarnation)
+        self._names = worker_connection_names(self.worker_id, incarnation)
         try:
-            number = await self._open_connection(name, incarnation)
+            number, name = await self._open_connection(incarnation)
             await self._membership.register(incarnation, name, self.settings.drain_timeout)
         except ConfigError as exc:
             log.error("%s", exc)
@@ -242,14 +243,13 @@ class Worker:
             return
         self.post(ev.Registered(incarnation, number))
 
-    async def _reconnect(self, number: int) -> None:
-        """Connection ``number`` of this incarnation, announced before anything is consumed on
-        it, so that a fence finds it."""
+    async def _reconnect(self) -> None:
+        """A new connection of this incarnation, announced before anything is consumed on it,
+        so that a fence finds it."""
         await self._drop_connection()
         incarnation = self.machine.incarnation
-        name = worker_connection_name(self.worker_id, incarnation, number)
         try:
-            number = await self._open_connection(name, incarnation)
+            number, name = await self._open_connection(incarnation)
             read = await self._membership.announce(name)
         except RegistrationGone as exc:
             await self._drop_connection()
@@ -263,12 +263,13 @@ class Worker:
         self.post(read)
         self.post(ev.LinkUp(number))
 
-    async def _open_connection(self, name: str, incarnation: str) -> int:
-        """Connect, and hold the incarnation's liveness queue (``Topology.liveness_queue``)
-        before the connection is named in the registration. While an earlier connection of the
-        incarnation still holds it (the broker has not noticed that it died), this fails and is
-        retried: two connections of one incarnation never consume at once."""
-        connection = await connect_amqp(self.settings, name)
+    async def _open_connection(self, incarnation: str) -> tuple[int, str]:
+        """Connect under the incarnation's next unused name, and hold the incarnation's liveness
+        queue (``Topology.liveness_queue``) before the connection is named in the registration.
+        While an earlier connection of the incarnation still holds it (the broker has not
+        noticed that it died), this fails and is retried: two connections of one incarnation
+        never consume at once. Returns the connection's number (events name it) and name."""
+        connection, name = await connect_named(self.settings, self._names)
         number = next(self._connection_numbers)
         self._connection = connection
         connection.close_callbacks.add(lambda *_: self.post(ev.LinkLost(number)))
@@ -278,7 +279,7 @@ class Worker:
         await channel.close()
         self._contact.start(connection)
         await self._dead_letters.open(connection)
-        return number
+        return number, name
 
     async def _drop_connection(self) -> None:
         self._contact.stop()

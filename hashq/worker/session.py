@@ -29,7 +29,7 @@ from kazoo.recipe.watchers import DataWatch
 
 from hashq._io.zk import close_zk, start_zk, zk_client
 from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
-from hashq.records import Assignment, Paths, Registration, Release
+from hashq.records import BROKER_CONTACT_SECONDS, Assignment, Paths, Registration, Release
 from hashq.settings import Settings
 from hashq.worker.machine.events import (
     AssignmentRead,
@@ -86,6 +86,7 @@ class Membership:
             pid=_pid(),
             drain_timeout=drain_timeout,
             session_timeout=self._settings.zk_session_timeout,
+            contact_seconds=BROKER_CONTACT_SECONDS,
         )
         await asyncio.to_thread(self._create_registration, registration)
         self.incarnation = incarnation

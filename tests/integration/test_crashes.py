@@ -5,13 +5,14 @@ expire; a worker whose connection is closed under it and that comes back keeps t
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hashq._io.amqp import connect_amqp
+from hashq._io.amqp import connect_amqp, connect_named
 from hashq._io.management import Management
 from hashq.errors import WorkerReturned
 from hashq.records import (
@@ -22,6 +23,7 @@ from hashq.records import (
     Paths,
     Registration,
     worker_connection_name,
+    worker_connection_names,
 )
 from hashq.settings import Settings
 from hashq_coordinator.crashes import RETRY_SECONDS, CrashFeed, FeedState
@@ -157,6 +159,33 @@ async def test_the_crash_feed_says_once_when_it_cannot_listen(
     assert not bad.listening and bad.state is FeedState.DISCONNECTED
     errors = [r for r in caplog.records if r.levelname == "ERROR" and "crash detection" in r.msg]
     assert len(errors) == 1, [r.getMessage() for r in errors]
+
+
+async def test_a_failed_attempt_on_one_node_is_reported_closed_under_a_name_never_used_again(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that refuses an attempt after the handshake began (here: a vhost it does not
+    have) still reports a connection of that name closed. The worker's next attempt, on the
+    next node, takes a new name: were it the same, the leader would count the live connection's
+    broker contact from that report, the failed attempt's (a grant too early after a fence)."""
+    heard: list[cm.ConnectionClosed] = []
+    feed = CrashFeed(CoordinatorSettings(**_shared(settings)), heard.append)
+    listening = asyncio.ensure_future(feed.run())
+    refusing = settings.amqp_url.rsplit("/", 1)[0] + "/hashq-no-such-vhost"
+    two_nodes = settings.model_copy(update={"amqp_url": f"{refusing},{settings.amqp_url}"})
+    monkeypatch.setattr(random, "randrange", lambda n: 0)  # the refusing node is tried first
+    try:
+        await eventually(lambda: feed.listening, within=10)
+        names = worker_connection_names("w7", "c0ffee01")
+        connection, name = await connect_named(two_nodes, names)
+        failed = cm.ConnectionClosed(("w7", "c0ffee01"), worker_connection_name("w7", "c0ffee01"))
+        await eventually(lambda: failed in heard, within=5)
+        assert name == worker_connection_name("w7", "c0ffee01", 2) and not connection.is_closed
+        await connection.close()
+        await eventually(lambda: cm.ConnectionClosed(("w7", "c0ffee01"), name) in heard, within=5)
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
 
 
 def _shared(settings: Settings) -> dict[str, Any]:

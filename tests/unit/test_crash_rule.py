@@ -6,7 +6,12 @@ tick."""
 
 from __future__ import annotations
 
-from hashq.records import BucketState, Registration, parse_worker_connection_name
+from hashq.records import (
+    BROKER_CONTACT_SECONDS,
+    BucketState,
+    Registration,
+    parse_worker_connection_name,
+)
 from hashq_coordinator.crashes import events_url
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
@@ -17,7 +22,13 @@ W1, W2 = ("w1", "i1"), ("w2", "i2")
 
 def _workers(*incarnations: tuple[str, str]) -> dict[str, Registration]:
     return {
-        w: Registration(w, i, capacity=1, connection=f"hashq-worker-{w}-{i}-1")
+        w: Registration(
+            w,
+            i,
+            capacity=1,
+            connection=f"hashq-worker-{w}-{i}-1",
+            contact_seconds=BROKER_CONTACT_SECONDS,
+        )
         for w, i in incarnations
     }
 

@@ -7,15 +7,11 @@ from hashq.records import Assignment
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
+from tests.support.machines import registered_worker
 
 
 def _registered() -> WorkerMachine:
-    machine = WorkerMachine(
-        "w1", 4, drain_timeout=1, stop_within=5, withdraw_after=5, prove_returns=True
-    )
-    assert ev.BeginIncarnation() in machine.handle(ev.Tick(), 0.0)
-    machine.handle(ev.Registered("i1", 1), 0.1)
-    return machine
+    return registered_worker(withdraw_after=5)
 
 
 def test_a_session_check_answered_before_a_second_pause_does_not_resume_the_worker() -> None:

@@ -8,19 +8,15 @@ from hashq.records import QUEUE_ASK_SECONDS, RETURN_GRACE_SECONDS, Assignment
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import Phase
+from tests.support.machines import granted_bucket_0, registered_worker
 
 UP = 3.0  # when the second connection is up in ``_reconnected``
 
 
 def _consuming(prove_returns: bool = True) -> tuple[WorkerMachine, int]:
     """Bucket 0 granted at epoch 1 and consumed on connection 1."""
-    machine = WorkerMachine(
-        "w1", 4, drain_timeout=1, stop_within=5, withdraw_after=30, prove_returns=prove_returns
-    )
-    machine.handle(ev.Tick(), 0.0)
-    machine.handle(ev.Registered("i1", 1), 0.1)
-    (subscribe,) = machine.handle(ev.AssignmentRead(1, Assignment("i1", {0: 1})), 0.2)
-    assert isinstance(subscribe, ev.Subscribe)
+    machine = registered_worker(prove_returns=prove_returns)
+    subscribe = granted_bucket_0(machine)
     machine.handle(ev.Subscribed(subscribe.lease), 0.3)
     return machine, subscribe.lease
 
@@ -34,8 +30,8 @@ def _reconnected(
     actions = machine.handle(ev.LinkLost(1), 1.0)
     assert ev.CutOff(lease) in actions
     actions += machine.handle(ev.Closed(lease, confirmed=confirmed), 1.1)
-    (reconnect,) = [a for a in actions if isinstance(a, ev.Reconnect)]
-    return machine, machine.handle(ev.LinkUp(reconnect.number), UP)
+    assert ev.Reconnect() in actions
+    return machine, machine.handle(ev.LinkUp(2), UP)  # the runtime's number of the new one
 
 
 def _proving() -> tuple[WorkerMachine, ev.AskQueue]:
@@ -98,8 +94,8 @@ def test_a_proving_lease_cut_off_again_keeps_its_mark() -> None:
     machine, ask = _proving()
     actions = machine.handle(ev.LinkLost(2), UP + 0.1)
     assert ask.lease not in machine.leases
-    (reconnect,) = [a for a in actions if isinstance(a, ev.Reconnect)]
-    actions = machine.handle(ev.LinkUp(reconnect.number), UP + 3)
+    assert ev.Reconnect() in actions
+    actions = machine.handle(ev.LinkUp(3), UP + 3)
     assert not [a for a in actions if isinstance(a, ev.Subscribe)]
     assert [a for a in actions if isinstance(a, ev.AskQueue)]
 

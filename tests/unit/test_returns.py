@@ -5,6 +5,7 @@ after the broker last answered it, which the early grant waits out."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -26,7 +27,10 @@ FENCING = BucketRecord(BucketState.FENCING, "a", "1", 3, since=10.0)
 
 
 def _view(
-    now: float, emptied: frozenset[int] = frozenset(), closed_at: float | None = None
+    now: float,
+    emptied: frozenset[int] = frozenset(),
+    closed_at: float | None = None,
+    contact: float | None = BROKER_CONTACT_SECONDS,
 ) -> View:
     return View(
         1,
@@ -39,6 +43,7 @@ def _view(
         fences_done={("a", "1"): (11.0,)},
         emptied=emptied,
         closed_at={} if closed_at is None else {("a", "1"): closed_at},
+        contact_bounds={} if contact is None else {("a", "1"): contact},
     )
 
 
@@ -56,6 +61,26 @@ def test_a_proven_bucket_is_granted_once_the_owner_can_start_nothing_more() -> N
     assert _view(done + BROKER_CONTACT_SECONDS, frozenset({0})).returned(0, FENCING)
     assert not _view(done + RETURN_GRACE_SECONDS - 0.01).returned(0, FENCING)  # no word: the grace
     assert _view(done + RETURN_GRACE_SECONDS).returned(0, FENCING)
+
+
+def test_an_owner_that_declared_no_contact_bound_waits_the_return_grace() -> None:
+    """An older worker (no ``contact_seconds`` in its registration) may have a longer bound,
+    or none: its proven bucket is granted only after the return grace; one that declared a
+    longer bound is waited for that long."""
+    done, proven = 11.0, frozenset({0})
+    assert not _view(done + 1.0, proven, contact=None).returned(0, FENCING)
+    assert not _view(done + RETURN_GRACE_SECONDS - 0.01, proven, contact=None).returned(0, FENCING)
+    assert _view(done + RETURN_GRACE_SECONDS, proven, contact=None).returned(0, FENCING)
+    assert not _view(done + 0.99, proven, contact=1.0).returned(0, FENCING)
+    assert _view(done + 1.0, proven, contact=1.0).returned(0, FENCING)
+
+
+def test_the_leader_keeps_the_bound_each_registration_declared() -> None:
+    machine = _leading()
+    older = {"w3": replace(_workers(("w3", "i3"))["w3"], contact_seconds=0.0)}
+    machine.handle(cm.Tick(), 0.9)
+    machine.handle(cm.Observed({**_workers(W1, W2), **older}, {}, {"w1": 0, "w2": 0}), 0.95)
+    assert machine.book.contact_bounds() == {W1: BROKER_CONTACT_SECONDS, W2: BROKER_CONTACT_SECONDS}
 
 
 def test_the_bound_runs_from_the_broker_s_word_that_the_fenced_connection_closed() -> None:

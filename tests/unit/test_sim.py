@@ -9,15 +9,19 @@ run)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
 import hashq_coordinator.machine.handover as handover
 from hashq.records import BucketState
 from tools.sim.cluster import Cluster, Scenario
+from tools.sim.faults import Fault
 from tools.sim.mutations import MUTATIONS, ROOT, Budget
 from tools.sim.mutations import run as run_mutation
+from tools.sim.rabbit import Connection
 from tools.sim.run import outcomes, shrink, simulate
+from tools.sim.worker import SimWorker, _Refused
 
 STEPS = 20000
 BUDGET = int(os.environ.get("HASHQ_SIM_SEEDS", "240"))
@@ -33,7 +37,7 @@ FOUND: dict[str, tuple[int, str]] = {
     # fence waits RETURN_GRACE_SECONDS, that wait alone outlasts the owner's noticing in them.
     "a worker cut off from RabbitMQ kept its grants": (12, "no-withdrawal"),
     "a revoked bucket released before the broker dropped its channel": (
-        104,
+        82,
         "release-after-unconfirmed-close",
     ),
     "a connection that died while announced was taken as up": (166, "lost-taken-as-up"),
@@ -140,3 +144,45 @@ def test_a_failing_run_shrinks_to_fewer_faults_that_still_fail(
     assert outcome.violation, "the simulation did not notice fencing was gone"
     faults, shrunk = shrink(seed, STEPS, outcome)
     assert shrunk.violation and len(faults) < len(outcome.applied)
+
+
+def _with_refused_reconnects(seed: int) -> Cluster:
+    """Seed ``seed``'s schedule plus, every 3 s, a worker's connection closed by the broker
+    and its next connect meeting one or two nodes that refuse it after the handshake began
+    (``hashq._io.amqp.connect_named`` over several nodes)."""
+    scenario = Scenario.draw(seed)
+    added = [
+        Fault(at, "refused-reconnect", target, 0.0) for target, at in enumerate(range(2, 400, 3))
+    ]
+    faults = sorted([*scenario.faults, *added], key=lambda fault: fault.at)
+    return Cluster(scenario, faults)
+
+
+def test_a_refused_attempt_s_name_is_never_a_later_connection_s() -> None:
+    """The review of the sub-second failover found it: a node that refuses an attempt after
+    the handshake began reports that name closed, and were the next attempt named the same, the
+    leader would count the live connection's broker contact from that word (a grant too
+    early after a later fence). Every attempt takes a new name; the invariant
+    "a worker's connection name means one connection" holds with refused attempts added."""
+    outcomes_ = [_with_refused_reconnects(seed).run(STEPS) for seed in (1, 2, 3)]
+    assert [o.violation for o in outcomes_] == ["", "", ""]
+    assert sum(o.fault_counts["refused-reconnect"] for o in outcomes_) >= 30
+
+
+def test_one_name_for_every_attempt_of_a_connect_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The code before the fix: one name per connect, whichever node each attempt reached."""
+
+    def one_name_per_connect(self: SimWorker, client: Any) -> Connection | None:
+        name = next(self._names)
+        while self.refusing > 0:
+            self.refusing -= 1
+            attempt = self.broker.connect(name, _Refused(), self.amqp_link)
+            if attempt is not None:
+                self.broker.close_connection(attempt, "NOT_ALLOWED - vhost not found")
+        return self.broker.connect(name, client, self.amqp_link)
+
+    monkeypatch.setattr(SimWorker, "_connect_named", one_name_per_connect)
+    outcome = _with_refused_reconnects(1).run(STEPS)
+    assert outcome.violation.startswith("two connections named hashq-worker-")

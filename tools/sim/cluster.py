@@ -160,6 +160,7 @@ class Cluster:
             return_lag=scenario.return_lag,
         )
         self.broker.on_consumers = self.invariants.consumer_added
+        self.broker.on_connect = self.invariants.connection_opened
         self.worker_configs = list(scenario.worker_configs)  # a rolling upgrade changes them
         self.upgrades = 0  # rolling upgrades begun
         self.upgrading = 0  # the one under way (0: none)

@@ -30,6 +30,10 @@ FAULT_KINDS = (
     # the worker is cut off both servers for the duration as it happens, so it hears nothing.
     "connection-reset",
 )
+# Faults a test adds to a drawn schedule (not drawn themselves, so that every seed's schedule
+# stays as it was): the broker closes a worker's connection, and its next connect first meets
+# one or two nodes that refuse it after the handshake began (each reports that name closed).
+ADDED_KINDS = ("refused-reconnect",)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tools.sim import armed, upgrade
-from tools.sim.faults import Fault
+from tools.sim.faults import ADDED_KINDS, Fault
 from tools.sim.links import cut_zk, cut_zk_for, freeze, heal_amqp, heal_both, heal_zk, thaw
 from tools.sim.process import Process
 
@@ -18,6 +18,8 @@ def apply(cluster: Cluster, fault: Fault) -> bool:
     """Carry ``fault`` out; False if it had nothing to act on (its target is down, say)."""
     kind = fault.kind
     if kind in ("crash", "stop", "amqp-partition", "server-cancel", "connection-reset"):
+        return _apply_to_worker(cluster, fault)
+    if kind in ADDED_KINDS:
         return _apply_to_worker(cluster, fault)
     if kind in ("freeze", "zk-partition"):
         return _apply_to_any(cluster, fault)
@@ -45,6 +47,11 @@ def _apply_to_worker(cluster: Cluster, fault: Fault) -> bool:
     elif kind == "amqp-partition":
         cluster.broker.partition(worker.amqp_link)
         world.after(duration, lambda: heal_amqp(worker))
+    elif kind == "refused-reconnect":  # then a node that refuses after the handshake began
+        if worker.connection is None:
+            return False
+        worker.refusing = 1 + fault.target % 2
+        cluster.broker.close_connection(worker.connection, "CONNECTION_FORCED - reset")
     elif kind == "connection-reset":  # a RabbitMQ node of a cluster going, a reset link
         if worker.connection is None:
             return False

@@ -5,6 +5,8 @@ first violation ends the run. The simulation adds what only it can see:
 - epochs rise: every grant of a bucket is at a higher epoch than the one before;
 - one consumer per bucket queue and epoch: the broker never has two consumers of one queue
   registered for the same epoch;
+- a worker's connection name means one connection: the leader takes the broker's word that a
+  name closed as about the connection announced under it (``FenceBook.heard_closed``);
 - a worker ends only when told to stop (``tools.sim.worker``).
 
 And at the end, after every fault healed (``final``): nothing confirmed is lost, every queue is
@@ -13,6 +15,7 @@ empty, every live worker holds its share.
 
 from __future__ import annotations
 
+from hashq.records import parse_worker_connection_name
 from tools.checker import Checker, Execution, Violation
 
 __all__ = ["Execution", "Invariants"]
@@ -23,6 +26,7 @@ class Invariants:
         self.checker = Checker(strict=True)  # the one checker, fed on virtual time
         self.grants = 0
         self._granted: dict[int, int] = {}  # bucket -> epoch of its latest grant
+        self._worker_connections: set[str] = set()  # every worker connection name opened
 
     @property
     def completed(self) -> set[tuple[str, int]]:
@@ -48,6 +52,13 @@ class Invariants:
             )
         self._granted[bucket] = epoch
         self.grants += 1
+
+    def connection_opened(self, name: str) -> None:
+        if parse_worker_connection_name(name) is None:
+            return
+        if name in self._worker_connections:
+            raise Violation(f"two connections named {name}")
+        self._worker_connections.add(name)
 
     def consumer_added(self, queue: str, epochs: list[int]) -> None:
         """``epochs``: the epoch of every consumer of ``queue`` now registered."""

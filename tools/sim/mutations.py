@@ -42,9 +42,7 @@ VIOLATION = re.compile(r"^seed (\d+): VIOLATION (.*)$", re.MULTILINE)
 NAMES = re.compile(r"\b[wb]\d+\b")  # a worker (w3) or a bucket queue (b0007)
 # What a simulated handler thread checks before it begins its job.
 # When the leader takes a fenced owner's contact bound to have lapsed (``View._contact_lapses``).
-_CONTACT_LAPSES = (
-    "return min(*fenced, self.closed_at.get(owner, math.inf)) + BROKER_CONTACT_SECONDS"
-)
+_CONTACT_LAPSES = "return min(*fenced, self.closed_at.get(owner, math.inf)) + contact"
 THREAD_CHECK = (
     "if self.paused or not job.lease.core.may_start() or not self._heard(job.lease.connection):"
 )
@@ -243,14 +241,22 @@ MUTATIONS = (
         "coordinator/hashq_coordinator/machine/handover.py",
         "done <= self.now - RETURN_GRACE_SECONDS for done",
         "done <= self.now for done",
-        also=((_CONTACT_LAPSES, _CONTACT_LAPSES.removesuffix(" + BROKER_CONTACT_SECONDS")),),
+        also=((_CONTACT_LAPSES, _CONTACT_LAPSES.removesuffix(" + contact")),),
     ),
     Mutation(
         "grant-on-return-without-contact",
         "a grant once the queue took everything back does not wait out the owner's broker contact",
         "coordinator/hashq_coordinator/machine/handover.py",
         _CONTACT_LAPSES,
-        _CONTACT_LAPSES.removesuffix(" + BROKER_CONTACT_SECONDS"),
+        _CONTACT_LAPSES.removesuffix(" + contact"),
+    ),
+    Mutation(
+        "early-grant-for-undeclared-contact",
+        "an owner whose registration declared no broker contact bound (an older worker) taken to "
+        "have this version's bound",
+        "coordinator/hashq_coordinator/machine/handover.py",
+        "contact = self.contact_bounds.get(owner, math.inf)",
+        "contact = self.contact_bounds.get(owner, 0.5)",
     ),
     Mutation(
         "contact-from-any-close",

@@ -205,6 +205,7 @@ class Broker:
         self.api_delay = 0.0
         self._published = 0
         self.on_consumers: Callable[[str, list[int]], None] | None = None
+        self.on_connect: Callable[[str], None] | None = None  # the name of each new connection
         self.on_closed: list[Callable[[str], None]] = []  # the event exchange's subscribers
 
     @staticmethod
@@ -221,6 +222,8 @@ class Broker:
             return None
         connection = Connection(self, name, client, link)
         self.connections.append(connection)
+        if self.on_connect is not None:
+            self.on_connect(name)
         return connection
 
     def close_connection(self, connection: Connection, reason: str) -> None:

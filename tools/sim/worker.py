@@ -10,17 +10,18 @@ Its bucket leases and the jobs delivered on them are ``tools.sim.leases``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from hashq.records import (
+    BROKER_CONTACT_SECONDS,
     QUEUE_ANSWER_WITHIN,
     Assignment,
     Paths,
     Registration,
     Release,
-    worker_connection_name,
+    worker_connection_names,
 )
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.contact import RENEW_SECONDS, BrokerContact
@@ -99,6 +100,8 @@ class SimWorker(Process):
             heard=self._heard,
         )
         self._connection_numbers = itertools.count(1)
+        self._names: Iterator[str] = iter(())  # the incarnation's connection names
+        self.refusing = 0  # nodes that refuse its next connect after the handshake (a fault)
         self._timer_at: float | None = None
         self.stopped = False
         self.told_to_stop = False
@@ -154,7 +157,7 @@ class SimWorker(Process):
         if isinstance(action, ev.BeginIncarnation):
             self._begin()
         elif isinstance(action, ev.Reconnect):
-            self._reconnect(action.number)
+            self._reconnect()
         elif isinstance(action, ev.DropConnection):
             self._drop_connection()
         elif isinstance(action, ev.PauseRunners):
@@ -218,13 +221,14 @@ class SimWorker(Process):
             connection=connection,
             drain_timeout=self.config.drain_timeout,
             session_timeout=self.config.session_timeout,
+            contact_seconds=BROKER_CONTACT_SECONDS,
         )
 
     def _begin(self) -> None:
         """Open connection 1 of a new incarnation, hold its liveness queue, then register."""
         self._drop_connection()
         incarnation = f"{self.worker_id}i{self.world.unique()}"
-        name = worker_connection_name(self.worker_id, incarnation)
+        self._names = worker_connection_names(self.worker_id, incarnation)
 
         def registered(answer: Any) -> None:
             if isinstance(answer, ZkError):
@@ -236,23 +240,20 @@ class SimWorker(Process):
         def register(zk: ZooKeeper, session: int, data: bytes) -> None:
             _register(zk, session, self.worker_id, data)
 
-        connection = self._open_and_write(
-            name, incarnation, ev.RegisterFailed, register, registered
-        )
+        connection = self._open_and_write(incarnation, ev.RegisterFailed, register, registered)
 
     def _open_and_write(
         self,
-        name: str,
         incarnation: str,
         failed: Callable[[str], ev.Event],
         write: Callable[[ZooKeeper, int, bytes], None],
         written: Callable[[Any], None],
     ) -> int:
-        """Open connection ``name`` (``_open``), then write the registration that names it with
+        """Open a connection (``_open``), then write the registration that names it with
         ``write`` and pass ZooKeeper's answer to ``written``; a connection that did not open is
         dropped and posted as ``failed``. Returns the connection's number."""
 
-        def opened(error: str) -> None:
+        def opened(error: str, name: str) -> None:
             if error:
                 self._drop_connection()
                 self.post(failed(error))
@@ -260,21 +261,33 @@ class SimWorker(Process):
             data = self._registration(incarnation, name).encode()
             self.client.call(lambda zk, session: write(zk, session, data), self.bound(written))
 
-        return self._open(name, incarnation, opened)
+        return self._open(incarnation, opened)
 
-    def _open(self, name: str, incarnation: str, done: Callable[[str], None]) -> int:
-        """Open a connection and take the liveness queue on it; returns its number."""
+    def _open(self, incarnation: str, done: Callable[[str, str], None]) -> int:
+        """Open a connection and take the liveness queue on it, then ``done(error, name)``;
+        returns its number."""
         client = _Client(self, next(self._connection_numbers))
-        connection = self.broker.connect(name, client, self.amqp_link)
+        connection = self._connect_named(client)
         client.connection = connection
         if connection is None:
-            self.later(0.01, lambda: done("connection refused"))
+            self.later(0.01, lambda: done("connection refused", ""))
             return client.number
         self.connection = connection
         self._keep_contact(connection, BrokerContact())
         liveness = f"alive.{self.worker_id}.{incarnation}"
-        connection.declare_exclusive(liveness, self.bound(done))
+        connection.declare_exclusive(liveness, self.bound(lambda e: done(e, connection.name)))
         return client.number
+
+    def _connect_named(self, client: _Client) -> Connection | None:
+        """``hashq._io.amqp.connect_named``: each attempt under the incarnation's next name. A
+        node that refuses an attempt after its handshake began (``refusing``, the fault
+        refused-reconnect) reports a connection of that name closed; the next node is tried."""
+        while self.refusing > 0:
+            self.refusing -= 1
+            attempt = self.broker.connect(next(self._names), _Refused(), self.amqp_link)
+            if attempt is not None:
+                self.broker.close_connection(attempt, "NOT_ALLOWED - vhost not found")
+        return self.broker.connect(next(self._names), client, self.amqp_link)
 
     def _keep_contact(self, connection: Connection, contact: BrokerContact) -> None:
         """``hashq.worker.contact.ContactKeeper``: one round trip at a time while the client's
@@ -301,13 +314,12 @@ class SimWorker(Process):
         contact = self.contacts.get(connection)
         return contact is not None and contact.fresh(self.world.now)
 
-    def _reconnect(self, number: int) -> None:
+    def _reconnect(self) -> None:
         if self.on_reconnect is not None:
             armed, self.on_reconnect = self.on_reconnect, None
             armed()
         self._drop_connection()
         incarnation = self.machine.incarnation
-        name = worker_connection_name(self.worker_id, incarnation, number)
 
         def announced(answer: Any) -> None:
             if isinstance(answer, ZkError):
@@ -320,8 +332,8 @@ class SimWorker(Process):
         def announce(zk: ZooKeeper, session: int, data: bytes) -> None:
             _announce(zk, session, self.worker_id, incarnation, data)
 
-        # The runtime's number of the connection (events name it), not ``number`` (its name's).
-        connection = self._open_and_write(name, incarnation, ev.LinkFailed, announce, announced)
+        # The runtime's number of the connection (events name it).
+        connection = self._open_and_write(incarnation, ev.LinkFailed, announce, announced)
 
     def _link_up(self, announced: ev.Registered | ev.LinkUp) -> None:
         """A new connection is announced (by the first registration of an incarnation, or by
@@ -420,6 +432,22 @@ class SimWorker(Process):
             self.connection = None
             self.runner.connection_gone(connection)
         self.post(ev.LinkLost(number))
+
+
+class _Refused:
+    """The client of an attempt the node refused: the worker never used it."""
+
+    def delivered(self, channel: int, tag: int, msg: Msg, redelivered: bool) -> None:
+        pass
+
+    def channel_closed(self, channel: int, reason: str) -> None:
+        pass
+
+    def consumer_cancelled(self, channel: int) -> None:
+        pass
+
+    def connection_closed(self, reason: str) -> None:
+        pass
 
 
 class _Client:

@@ -186,6 +186,7 @@ class CoordinatorMachine:
             fenced=self.book.covered(),
             fences_done=self.book.fences_done(),
             closed_at=self.book.closed_at(),
+            contact_bounds=self.book.contact_bounds(),
             now=now,
             revoke_timeout=self.revoke_timeout,
             fence_grace=self.fence_grace,

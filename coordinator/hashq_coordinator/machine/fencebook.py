@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hashq.records import Registration
 
@@ -35,6 +35,7 @@ class Sighting:
     connection: str
     since: float
     liveness: bool = False  # the worker holds a liveness queue (protocol 2)
+    contact: float = 0.0  # its registration's ``contact_seconds`` (0: not declared)
 
 
 class FenceBook:
@@ -61,7 +62,8 @@ class FenceBook:
             announced = registration.connection
             if self._sightings.get(incarnation, Sighting("", 0)).connection != announced:
                 liveness = registration.version >= LIVENESS_SINCE_VERSION
-                self._sightings[incarnation] = Sighting(announced, now, liveness)
+                contact = registration.contact_seconds
+                self._sightings[incarnation] = Sighting(announced, now, liveness, contact)
         self._live, self._seen_until = live, asked
         self._sightings = {k: v for k, v in self._sightings.items() if k in keep}
         self._fenced = {k: v for k, v in self._fenced.items() if k in keep}
@@ -75,7 +77,7 @@ class FenceBook:
         fence covers it."""
         for incarnation in vanished:
             before = self._sightings.get(incarnation, Sighting("", now))
-            self._sightings[incarnation] = Sighting(UNSEEN, now, before.liveness)
+            self._sightings[incarnation] = replace(before, connection=UNSEEN, since=now)
 
     def new_term(self) -> None:
         """Elected: while another coordinator led, any incarnation known here may have
@@ -114,6 +116,12 @@ class FenceBook:
             for incarnation, connection in self._fenced.items()
             if connection in self._closed.get(incarnation, {})
         }
+
+    def contact_bounds(self) -> dict[Incarnation, float]:
+        """The contact bound each incarnation's registration declared, for those that did: a
+        fenced owner without one (an older worker, or one this leader never saw) waits
+        ``RETURN_GRACE_SECONDS``."""
+        return {k: s.contact for k, s in self._sightings.items() if s.contact > 0}
 
     def covered(self) -> frozenset[Incarnation]:
         """Incarnations fenced since their newest connection was announced."""

@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from hashq.records import (
-    BROKER_CONTACT_SECONDS,
     RETURN_GRACE_SECONDS,
     Assignment,
     BucketRecord,
@@ -60,6 +59,9 @@ class View:
     # When the connection each incarnation's newest fence covered was heard closed
     # (``FenceBook.closed_at``): its owner's contact bound runs from then, not from the fence.
     closed_at: Mapping[Incarnation, float] = field(default_factory=dict)
+    # The contact bound each incarnation declared (``FenceBook.contact_bounds``); an owner
+    # missing here gets no early grant, only ``RETURN_GRACE_SECONDS``.
+    contact_bounds: Mapping[Incarnation, float] = field(default_factory=dict)
 
     def returned(self, bucket: int, record: BucketRecord) -> bool:
         """Whether what ``record``'s owner held has been taken back by the queue: it is
@@ -75,20 +77,22 @@ class View:
         could not consume the bucket, does not restart the wait."""
         if self.needs_fence(record):
             return False
-        if bucket in self.emptied:
-            return self._contact_lapses(record) <= self.now
+        if bucket in self.emptied and self._contact_lapses(record) <= self.now:
+            return True
         return any(done <= self.now - RETURN_GRACE_SECONDS for done in self._fenced_since(record))
 
     def _contact_lapses(self, record: BucketRecord) -> float:
         """When the fenced owner of ``record`` starts nothing more delivered on a connection
-        that could hold it: ``BROKER_CONTACT_SECONDS`` after the first fence that finished since
-        the bucket began to move, or after the broker's word that the connection that fence
-        covered closed, whichever came first (infinity without such a fence)."""
+        that could hold it: its declared contact bound (``BROKER_CONTACT_SECONDS`` of its
+        version) after the first fence that finished since the bucket began to move, or after
+        the broker's word that the connection that fence covered closed, whichever came first
+        (infinity without such a fence, or for an owner that declared no bound)."""
         fenced = self._fenced_since(record)
+        owner = (str(record.owner), str(record.incarnation))
+        contact = self.contact_bounds.get(owner, math.inf)
         if not fenced:
             return math.inf
-        owner = (str(record.owner), str(record.incarnation))
-        return min(*fenced, self.closed_at.get(owner, math.inf)) + BROKER_CONTACT_SECONDS
+        return min(*fenced, self.closed_at.get(owner, math.inf)) + contact
 
     def proof_due(self) -> float | None:
         """When the first bucket its queue proved (``emptied``), still waiting out its owner's

@@ -96,7 +96,7 @@ class WorkerMachine(WorkerLeases):
         self._link_lost_at: float | None = None  # when it stopped being usable
         self._connection = 0  # the runtime's number of the current connection
         self._dead_connection = 0  # the highest such number reported lost
-        self.connection_number = 0
+        self.connection_number = 0  # connections this incarnation asked for (a lease keeps its)
         self.reconnect_attempts = 0
         self.leases: dict[int, Lease] = {}  # by number
         self.counts = WorkerCounts()
@@ -104,7 +104,10 @@ class WorkerMachine(WorkerLeases):
         self._doubts = 0  # pauses and disconnects seen: a verdict asked for before one is stale
         self._confirming = False
         self._busy = False  # registering or reconnecting: one at a time
-        self._retry_at = 0.0  # no registering, reconnecting or confirming before then
+        self._retry_at = 0.0  # no registering, subscribing or confirming before then
+        # Reconnects keep their own time: a subscribe's or a confirmation's retry must not hold
+        # a live worker's new connection past the coordinator's crash grace.
+        self._reconnect_at = 0.0
         self._paused = False
         self._stop_by: float | None = None
         self.wake_at: float | None = None  # the edge sends a Tick then (None: no timer)
@@ -169,7 +172,7 @@ class WorkerMachine(WorkerLeases):
                 log.info("AMQP connection back after %d attempts", self.reconnect_attempts)
             self.reconnect_attempts = 0 if self.link_up else self.reconnect_attempts
         elif isinstance(event, LinkFailed):
-            self._busy, self._retry_at = False, now + reconnect_delay(self.reconnect_attempts)
+            self._busy, self._reconnect_at = False, now + reconnect_delay(self.reconnect_attempts)
             if event.registration_gone:
                 log.warning("%s; the session is lost", event.error)
                 self.session = Session.LOST
@@ -205,7 +208,7 @@ class WorkerMachine(WorkerLeases):
             self.link_up_since = now
         else:
             self._link_lost(now)
-            self._retry_at = now + RETRY_SECONDS
+            self._reconnect_at = now + reconnect_delay(self.reconnect_attempts)
         return self.link_up
 
     def _link_lost(self, now: float) -> None:
@@ -323,12 +326,12 @@ class WorkerMachine(WorkerLeases):
         if self.reconnect_attempts == 0:
             log.warning("AMQP connection lost; cutting off every bucket and reconnecting")
         self._cut_off_all(actions, void=False)
-        if self._busy or now < self._retry_at:
+        if self._busy or now < self._reconnect_at:
             return
         self._busy = True
         self.reconnect_attempts += 1
         self.connection_number += 1
-        actions.append(Reconnect(self.connection_number))
+        actions.append(Reconnect())
 
     def _withdrawing(self, now: float) -> bool:
         lost = self._link_lost_at
@@ -378,6 +381,8 @@ class WorkerMachine(WorkerLeases):
     # ------------------------------------------------------------ helpers
     def _set_timer(self, now: float) -> None:
         times = [self._retry_at, *(lease.retry_at for lease in self.leases.values())]
+        if not self.link_up:
+            times.append(self._reconnect_at)
         if self._link_lost_at is not None:
             times.append(self._link_lost_at + self.withdraw_after)
         if self._stop_by is not None:

@@ -188,10 +188,9 @@ class BeginIncarnation:
 
 @dataclass(frozen=True)
 class Reconnect:
-    """Drop the connection; open connection ``number`` of this incarnation, hold its liveness
-    queue, announce it and read the assignment (``LinkUp`` or ``LinkFailed``)."""
-
-    number: int
+    """Drop the connection; open a new connection of this incarnation (under a name it never
+    used), hold its liveness queue, announce it and read the assignment (``LinkUp`` or
+    ``LinkFailed``)."""
 
 
 @dataclass(frozen=True)

@@ -195,26 +195,37 @@ class Registration:
 
 @dataclass(frozen=True)
 class Assignment:
-    """The buckets one worker incarnation may consume: bucket index -> grant epoch."""
+    """The buckets one worker incarnation may consume: bucket index -> grant epoch. And
+    ``incoming``: buckets moving to it (revoking or fencing with it as target), which it may
+    not consume yet; only a hint, so that it opens their channels while the old owner drains."""
 
     incarnation: str
     grants: dict[int, int] = field(default_factory=dict)
     leader_epoch: int = 0
+    incoming: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
         fields = asdict(self)
         fields["grants"] = {str(bucket): epoch for bucket, epoch in self.grants.items()}
+        fields["incoming"] = sorted(self.incoming)
+        if not self.incoming:  # as before the field: older readers see the same record
+            del fields["incoming"]
         return json.dumps(fields, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Assignment:
         fields = _fields(data, "assignment")
         grants = {int(bucket): int(epoch) for bucket, epoch in fields.get("grants", {}).items()}
-        return cls(fields["incarnation"], grants, int(fields.get("leader_epoch", 0)))
+        incoming = tuple(int(bucket) for bucket in fields.get("incoming", ()))
+        return cls(fields["incarnation"], grants, int(fields.get("leader_epoch", 0)), incoming)
 
     def grants_for(self, incarnation: str) -> dict[int, int]:
         """The grants, if addressed to ``incarnation``; none otherwise."""
         return dict(self.grants) if incarnation == self.incarnation else {}
+
+    def incoming_for(self, incarnation: str) -> tuple[int, ...]:
+        """The incoming buckets, if addressed to ``incarnation``; none otherwise."""
+        return self.incoming if incarnation == self.incarnation else ()
 
 
 @dataclass(frozen=True)

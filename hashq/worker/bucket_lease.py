@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable
 
 import aiormq
-from aio_pika.abc import AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import DeliveredMessage
 
 from hashq._io.amqp import connection_usable
 from hashq.worker.acks import Acker
 from hashq.worker.jobs import Job, deliver_frame
 from hashq.worker.machine.lease import LeaseCore, LeaseState
+from hashq.worker.prepared import open_consumer_channel
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,13 @@ class BucketLease:
         return f"<bucket {self.bucket} epoch {self.epoch} {self.state.value}>"
 
     # ------------------------------------------------------------ consuming
-    async def open(self, connection: AbstractConnection, prefetch: int) -> None:
+    async def open(
+        self, connection: AbstractConnection, prefetch: int, ready: AbstractChannel | None = None
+    ) -> None:
+        """Consume the bucket queue on ``ready`` (a channel of ``connection`` opened for it
+        with this prefetch: ``hashq.worker.prepared``), or on a channel opened now."""
         self._connection = connection
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)
+        channel = ready or await open_consumer_channel(connection, prefetch)
         self._channel = await channel.get_underlay_channel()
         self._channel.closing.add_done_callback(self._note_close)
         self._acker = Acker(self._channel, self._ack_batch, self.bucket)

@@ -35,6 +35,8 @@ from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
 from hashq.worker.metrics import WorkerMetrics
+from hashq.worker.prepared import PreparedChannels
+from hashq.worker.releases import ReleaseWriter
 from hashq.worker.retry import RetryPolicy
 from hashq.worker.runners import Runners
 from hashq.worker.session import Membership
@@ -74,6 +76,8 @@ class Worker:
         self._connection_numbers = itertools.count(1)
         self._names: Iterator[str] = iter(())  # the current incarnation's connection names
         self._tasks: set[asyncio.Task[None]] = set()
+        self._prepared = PreparedChannels(settings.prefetch)
+        self._releases = ReleaseWriter(self._membership.write_releases, self.post, self._start)
         self._watchdog = PauseWatch(settings.zk_session_timeout, self._pause_seen)
         self._reminded = 0.0
         self._fatal: BaseException | None = None  # why the worker cannot go on, if so
@@ -141,11 +145,9 @@ class Worker:
 
     async def _next_event(self) -> ev.Event:
         wake = self.machine.wake_at
-        timeout = (
-            IDLE_SECONDS if wake is None else max(0.0, min(IDLE_SECONDS, wake - time.monotonic()))
-        )
+        until = IDLE_SECONDS if wake is None else wake - time.monotonic()
         try:
-            return await asyncio.wait_for(self._events.get(), timeout)
+            return await asyncio.wait_for(self._events.get(), max(0.0, min(IDLE_SECONDS, until)))
         except TimeoutError:
             self._notice_cancelled_consumers()
             self._remind_if_idle()
@@ -156,6 +158,10 @@ class Worker:
         # In order, but a run of subscribes at once: a few round trips each, one after another
         # they made most of a handover's pause (32 buckets, 0.5 s under load).
         actions = self.machine.handle(event, time.monotonic())
+        if isinstance(event, ev.AssignmentRead):  # channels for the buckets on their way here
+            assignment, incarnation = self.machine.assignment, self.machine.incarnation
+            incoming = assignment.incoming_for(incarnation) if assignment else ()
+            self._prepared.expect(self._connection, incoming, keep=self.machine.grants())
         for subscribes, run in itertools.groupby(actions, lambda a: isinstance(a, ev.Subscribe)):
             if subscribes:  # every one ends before the next event, whatever the others raise
                 done = await asyncio.gather(*map(self._do, run), return_exceptions=True)
@@ -196,7 +202,7 @@ class Worker:
         elif isinstance(action, ev.CutOff):
             self._start(self._end_lease(action.lease, None))
         elif isinstance(action, ev.WriteRelease):
-            self._start(self._write_release(action))
+            self._releases.add(action)
         elif isinstance(action, ev.Withdraw):
             await self._drop_connection()
             self._start(self._membership.deregister())
@@ -283,6 +289,7 @@ class Worker:
 
     async def _drop_connection(self) -> None:
         self._contact.stop()
+        self._prepared.close_all()
         if self._connection is not None:
             connection, self._connection = self._connection, None
             await close_quietly(connection)
@@ -307,7 +314,8 @@ class Worker:
         try:
             if not connection_usable(connection):
                 raise ServiceUnavailable("no connection to RabbitMQ")
-            await lease.open(connection, self.settings.prefetch)
+            ready = await self._prepared.take(connection, action.bucket)
+            await lease.open(connection, self.settings.prefetch, ready)
         except Exception as exc:
             self.post(ev.Subscribed(action.lease, False, repr(exc)))
             return
@@ -346,14 +354,6 @@ class Worker:
             lease.say_handlers_outlive_it()
             await lease.settled(None)
             self.post(ev.Settled(number))
-
-    async def _write_release(self, action: ev.WriteRelease) -> None:
-        try:
-            await self._membership.write_release(action.bucket, action.epoch, action.incarnation)
-        except Exception as exc:
-            self.post(ev.ReleaseWritten(action.lease, False, repr(exc)))
-            return
-        self.post(ev.ReleaseWritten(action.lease))
 
     # ------------------------------------------------------------ pauses and the end
     def _pause_seen(self, paused: float) -> None:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -189,19 +189,35 @@ class Membership:
         current = Registration.decode(data).incarnation == self.incarnation
         return Session.CONNECTED if ours and current else Session.LOST
 
-    async def write_release(self, bucket: int, epoch: int, incarnation: str) -> None:
-        """Record that ``incarnation`` holds nothing of ``bucket`` at ``epoch`` any more
-        (once: the caller decides whether to try again)."""
-        release = Release(self.worker_id, incarnation, bucket, epoch)
-        await asyncio.to_thread(self._create, self._paths.release(bucket, epoch), release)
-        log.info("bucket %d epoch %d released by %s", bucket, epoch, self.worker_id)
+    async def write_releases(self, ended: Sequence[tuple[int, int, str]]) -> None:
+        """Record that each ``(bucket, epoch, incarnation)`` holds nothing of its bucket at its
+        epoch any more (once: the caller decides whether to try again), in one transaction:
+        a handover ends many leases at once, and one write each, a thread each, made the
+        last of 32 wait about 50 ms under load."""
+        releases = [Release(self.worker_id, inc, bucket, epoch) for bucket, epoch, inc in ended]
+        await asyncio.to_thread(self._create_all, releases)
+        for release in releases:
+            log.info(
+                "bucket %d epoch %d released by %s", release.bucket, release.epoch, self.worker_id
+            )
 
-    def _create(self, path: str, release: Release) -> None:
+    def _create_all(self, releases: Sequence[Release]) -> None:
         if not self._open:
             raise ServiceUnavailable("ZooKeeper client closed")
-        # Already there if written before: a release is written once per bucket and epoch.
-        with contextlib.suppress(NodeExistsError):
-            self._zk.create(path, release.encode(), makepath=True)
+        if len(releases) > 1:
+            transaction = self._zk.transaction()
+            for release in releases:
+                transaction.create(self._path(release), release.encode())
+            results = transaction.commit()
+            if not any(isinstance(result, Exception) for result in results):
+                return
+        for release in releases:  # one was written before, or the parent is missing
+            # Already there if written before: a release is written once per bucket and epoch.
+            with contextlib.suppress(NodeExistsError):
+                self._zk.create(self._path(release), release.encode(), makepath=True)
+
+    def _path(self, release: Release) -> str:
+        return self._paths.release(release.bucket, release.epoch)
 
     # ------------------------------------------------------------ kazoo threads -> loop
     def _on_state(self, state: str) -> None:

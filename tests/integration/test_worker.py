@@ -16,6 +16,7 @@ from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.records import RETURN_GRACE_SECONDS, Registration, incarnation_connections
 from hashq.settings import Settings, WorkerSettings
+from hashq.worker.session import Membership
 from tests.support.grants import Grants
 from tests.support.handlers import Numbered
 from tests.support.helpers import close_connection_named, queue_depths, wait_for_connection
@@ -514,3 +515,23 @@ async def test_second_signal_exits_at_once_and_loses_nothing(
     grants.assign(second, dict.fromkeys(everything, 2))
     report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
     assert report.bugs == []  # nothing lost or reordered, no overlap but a fenced zombie's
+
+
+async def test_releases_are_written_in_one_transaction_and_again_one_by_one_if_one_exists(
+    initialized: Settings, grants: Grants
+) -> None:
+    """A batch whose transaction fails because one release was written before (a retry after
+    an answer that never came) is written node by node: every release ends up there."""
+    membership = Membership(initialized, "w1", 4, lambda event: None)
+    await membership.start()
+    try:
+        await membership.write_releases([(0, 1, "i1"), (1, 1, "i1")])
+        await membership.write_releases([(1, 1, "i1"), (2, 4, "i1")])
+    finally:
+        await membership.close()
+    written = [grants.release(bucket, epoch) for bucket, epoch in ((0, 1), (1, 1), (2, 4))]
+    assert [(r.bucket, r.epoch, r.incarnation) for r in written if r] == [
+        (0, 1, "i1"),
+        (1, 1, "i1"),
+        (2, 4, "i1"),
+    ]

@@ -37,10 +37,21 @@ def test_consumed_and_last_start() -> None:
     assert figures.last_start(HISTORY) == pytest.approx(10.49)
 
 
-def test_the_handover_pause_runs_from_the_old_owners_last_start_to_the_new_owners_first() -> None:
+def test_the_handover_gap_runs_from_the_old_owners_last_start_to_the_new_owners_first() -> None:
     moved = figures.held(HISTORY, "w2", 10.3, 11.0)
     assert moved == {0}
-    assert figures.handover_pauses(HISTORY, moved, "w1", "w2") == [pytest.approx(0.30)]
+    assert figures.handover_gaps(HISTORY, moved, "w1", "w2") == [pytest.approx(0.30)]
+
+
+def test_the_handover_pause_counts_from_the_first_message_s_publish_if_it_came_later() -> None:
+    """The new owner's first message was published at 10.40, 0.25 s after the old owner's last
+    start: it waited 0.05 s, not the 0.30 s gap; published before that last start, it waited
+    from then. Records without the publish time count from the last start."""
+    later = [*HISTORY[:2], line("w2", 10.4, {0: [4, 10.45, 10.49, 10.40]})]
+    earlier = [*HISTORY[:2], line("w2", 10.4, {0: [4, 10.45, 10.49, 10.10]})]
+    assert figures.handover_pauses(later, [0], "w1", "w2") == [pytest.approx(0.05)]
+    assert figures.handover_pauses(earlier, [0], "w1", "w2") == [pytest.approx(0.30)]
+    assert figures.handover_pauses(HISTORY, [0], "w1", "w2") == [pytest.approx(0.30)]
 
 
 def test_recovery_counts_only_other_workers() -> None:

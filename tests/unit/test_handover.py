@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hashq.records import BucketRecord, BucketState, Registration
+from hashq.records import Assignment, BucketRecord, BucketState, Registration
 from hashq_coordinator.machine.handover import (
     Decision,
     View,
@@ -146,7 +146,9 @@ def test_a_move_revokes_then_grants_at_the_next_epoch() -> None:
         "b",
         4,
     )
-    assert assignments({0: revoking}, {"a": a, "b": b}, 1)["a"].grants == {}
+    written = assignments({0: revoking}, {"a": a, "b": b}, 1)
+    assert (written["a"].grants, written["a"].incoming) == ({}, ())
+    assert (written["b"].grants, written["b"].incoming) == ({}, (0,))  # gets its channel ready
     waiting = View(
         1, {0: revoking}, {"a": a, "b": b}, frozenset(), frozenset(), 110.0, 30.0, fences_done=None
     )
@@ -208,3 +210,22 @@ def test_before_membership_settles_only_orphans_move() -> None:
     assert (decision.records[2].owner, decision.records[2].epoch) == ("b", 4)
     settled = step(view, {0: "a", 1: "b", 2: "b"}, settled=True)
     assert settled.records[1].state is BucketState.REVOKING
+
+
+def test_only_a_live_target_hears_of_a_bucket_on_its_way_and_only_until_the_grant() -> None:
+    a, b = _registration("a", 0), _registration("b", 0)
+    fencing = BucketRecord(BucketState.FENCING, "a", a.incarnation, 4, target="b", since=1.0)
+    granted = BucketRecord(BucketState.GRANTED, "b", b.incarnation, 5)
+    assert assignments({0: fencing, 1: granted}, {"a": a, "b": b}, 1)["b"].incoming == (0,)
+    assert assignments({0: fencing}, {"a": a}, 1)["a"].incoming == ()
+    assert assignments({1: granted}, {"a": a, "b": b}, 1)["b"].incoming == ()
+
+
+def test_an_assignment_without_incoming_buckets_reads_as_before_the_field() -> None:
+    """Older readers ignore unknown fields, and an assignment with nothing incoming is
+    written exactly as before (no new write while nothing moves)."""
+    plain = Assignment("i1", {3: 7}, 2)
+    assert b"incoming" not in plain.encode()
+    assert Assignment.decode(plain.encode()) == plain
+    moving = Assignment("i1", {3: 7}, 2, (5, 1))
+    assert Assignment.decode(moving.encode()) == Assignment("i1", {3: 7}, 2, (1, 5))

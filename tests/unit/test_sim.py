@@ -37,7 +37,7 @@ FOUND: dict[str, tuple[int, str]] = {
     # fence waits RETURN_GRACE_SECONDS, that wait alone outlasts the owner's noticing in them.
     "a worker cut off from RabbitMQ kept its grants": (12, "no-withdrawal"),
     "a revoked bucket released before the broker dropped its channel": (
-        82,
+        43,
         "release-after-unconfirmed-close",
     ),
     "a connection that died while announced was taken as up": (166, "lost-taken-as-up"),
@@ -52,11 +52,11 @@ FOUND: dict[str, tuple[int, str]] = {
     # The cluster test found these two (a RabbitMQ node killed during a handover); the model
     # has them since its queues may take back a dead connection's messages late.
     "a bucket released while its queue still held what a dead connection had": (
-        118,
+        43,
         "release-without-return-grace",
     ),
     "a bucket granted after a fence while its queue still held what was cut off": (
-        20,
+        130,
         "grant-without-return-grace",
     ),
     # The 30-minute chaos run found these two (seed 23): a thread pool smaller than the
@@ -71,11 +71,11 @@ FOUND: dict[str, tuple[int, str]] = {
     ),
     # The early grant (issue 17) and the worker's broker contact that bounds it:
     "a queue's (0, 0), also its answer when it cannot answer, taken as proof of a return": (
-        103,
+        113,
         "return-proof-from-no-answer",
     ),
     "a worker started what it was delivered long after the broker last answered it": (
-        20,
+        144,
         "start-without-contact",
     ),
     # "a grant once the queue took everything back that did not wait out the owner's broker

@@ -1,8 +1,8 @@
 """What a benchmark consumer records, without slowing the hot path: per bucket, how many
-messages it started and the first and last start time, and a sample of end-to-end latencies
-(publish to handler start). One JSON line per interval of ``INTERVAL`` seconds is appended to
-the file named by ``HASHQ_BENCH_STATS`` with a single write, so it survives kill -9 but for
-the last interval.
+messages it started, the first and last start time and the first one's publish time, and a
+sample of end-to-end latencies (publish to handler start). One JSON line per interval of
+``INTERVAL`` seconds is appended to the file named by ``HASHQ_BENCH_STATS`` with a single
+write, so it survives kill -9 but for the last interval.
 
 Bodies carry their publish time: ``stamp()`` makes one, ``published_at()`` reads it.
 """
@@ -49,8 +49,8 @@ class Stats:
     def add(self, bucket: int, body: bytes) -> None:
         now = time.time()
         entry = self._buckets.get(bucket)
-        if entry is None:
-            self._buckets[bucket] = [1, now, now]
+        if entry is None:  # the first start's publish time: how long that message waited
+            self._buckets[bucket] = [1, now, now, published_at(body)]
         else:
             entry[0] += 1
             entry[2] = now

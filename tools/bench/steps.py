@@ -147,6 +147,7 @@ async def handover(
         moved = figures.held(lines, "worker-2", joined, time.time())
         stayed = figures.held(lines, "worker-1", joined - 2, joined) - moved
         pauses = figures.handover_pauses(lines, moved, "worker-1", "worker-2")
+        gaps = figures.handover_gaps(lines, moved, "worker-1", "worker-2")
         done = max((figures.starts(lines, b, "worker-2")[0] for b in moved), default=joined + 1)
         before = figures.rate(lines, stayed, max(loaded, joined - 3), joined)
         during = figures.rate(lines, stayed, joined, max(done, joined + 1))
@@ -156,6 +157,7 @@ async def handover(
             "moved_buckets": len(moved),
             "pause_ms_max": round(max(pauses) * 1000, 1) if pauses else None,
             "pause_ms_median": round(figures.median(pauses) * 1000, 1) if pauses else None,
+            "gap_ms_max": round(max(gaps) * 1000, 1) if gaps else None,
             "handover_s": round(done - joined, 2),
             "unmoved_per_s_before": round(before),
             "unmoved_per_s_during": round(during),

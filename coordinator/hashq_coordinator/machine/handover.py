@@ -35,6 +35,7 @@ from hashq.records import (
 )
 
 Incarnation = tuple[str, str]  # (worker id, incarnation)
+MOVING = (BucketState.REVOKING, BucketState.FENCING)
 
 
 @dataclass(frozen=True)
@@ -245,11 +246,14 @@ def _grant(record: BucketRecord, target: str | None, view: View) -> BucketRecord
 def assignments(
     records: Mapping[int, BucketRecord], workers: Mapping[str, Registration], leader_epoch: int
 ) -> dict[str, Assignment]:
-    """Each live worker's assignment: the buckets granted to its current incarnation."""
+    """Each live worker's assignment: the buckets granted to its current incarnation, and
+    those moving to it (``incoming``, written with the revoke, so that it gets their channels
+    ready while the old owner drains)."""
     result = {
         worker_id: Assignment(registration.incarnation, {}, leader_epoch)
         for worker_id, registration in workers.items()
     }
+    incoming: dict[str, list[int]] = {}
     for bucket, record in records.items():
         assignment = result.get(str(record.owner))
         if (
@@ -258,4 +262,8 @@ def assignments(
             and assignment.incarnation == record.incarnation
         ):
             assignment.grants[bucket] = record.epoch
+        elif record.state in MOVING and str(record.target) in result:
+            incoming.setdefault(str(record.target), []).append(bucket)
+    for worker_id, buckets in incoming.items():
+        result[worker_id] = replace(result[worker_id], incoming=tuple(sorted(buckets)))
     return result

@@ -126,7 +126,8 @@ class CrashFeed:
         if not isinstance(name, str):
             return
         incarnation = parse_worker_connection_name(name)
-        if incarnation is not None:
+        if incarnation is not None:  # one line a close: a node going down names its workers
+            log.info("crash detection: RabbitMQ says %s closed", name)
             self._on_closed(ConnectionClosed(incarnation, name))
 
     def _become(self, state: FeedState, why: str) -> None:

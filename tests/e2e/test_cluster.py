@@ -279,6 +279,45 @@ async def test_a_rabbitmq_node_killed_during_a_handover(
         _clean_up(zk, load, processes, cluster, tmp_path)
 
 
+async def test_a_rabbitmq_node_shut_down_cleanly_moves_no_bucket(
+    cluster: LocalCluster, settings: Settings, tmp_path: Path
+) -> None:
+    """A node shut down cleanly closes its connections, and the broker announces each close:
+    the leader suspects the worker that was on it, and asks after the crash grace whether it
+    holds its liveness queue again. It has reconnected to another node by then, so it is not
+    expelled, and no bucket moves (expelling it anyway moved every bucket). The coordinators
+    use the other two nodes: the leader must hear the closes (its own connection to the node
+    would go too)."""
+    settings = settings.model_copy(update={"app": "clean"})  # none of another test's nodes
+    record, confirmed = tmp_path / "executions.jsonl", tmp_path / "confirmed.jsonl"
+    await ensure_topology(settings)
+    processes = [WorkerProcess(settings, w, HANDLER, record, tmp_path) for w in ("w1", "w2")]
+    load = _start_load(settings, confirmed, tmp_path)
+    zk = connect_zk(settings, "coordinator")
+    try:
+        node = await eventually(
+            lambda: _node_of(settings, cluster, "hashq-worker-w1-"),
+            15,
+            until=lambda index: index is not None,
+            what="w1's connection in the management API",
+        )
+        elsewhere = _without_node(settings, cluster, node)
+        processes += [start_coordinator(elsewhere, name, tmp_path) for name in ("c1", "c2")]
+        await eventually(lambda: _owners(zk, settings) == {"w1", "w2"}, within=30)
+        before = _records(zk, settings)
+        stopped_at = time.time()
+        await asyncio.to_thread(cluster.stop_rabbit, node)
+        await asyncio.to_thread(load.wait, LOAD_SECONDS + 30)
+        after = _records(zk, settings)
+        await asyncio.to_thread(cluster.start_rabbit, node)
+        await _judge(record, confirmed, settings.buckets, stopped_at)
+        assert [b.epoch for b in after] == [b.epoch for b in before]
+        heard = (tmp_path / "c1.log").read_text() + (tmp_path / "c2.log").read_text()
+        assert "RabbitMQ says hashq-worker-w1-" in heard  # the closes were heard, and forgiven
+    finally:
+        _clean_up(zk, load, processes, cluster, tmp_path)
+
+
 async def test_the_zookeeper_leader_killed_while_a_coordinator_campaigns(
     cluster: LocalCluster, settings: Settings, tmp_path: Path
 ) -> None:
@@ -361,6 +400,16 @@ def _node_of(settings: Settings, cluster: LocalCluster, prefix: str) -> int | No
         if str(connection.get("user_provided_name", "")).startswith(prefix):
             return cluster.rabbit_index(connection["node"])
     return None
+
+
+def _without_node(settings: Settings, cluster: LocalCluster, node: int) -> Settings:
+    others = [i for i in range(cluster.size) if i != node]
+    return settings.model_copy(
+        update={
+            "amqp_url": ",".join(cluster.amqp_urls[i] for i in others),
+            "management_url": ",".join(cluster.management_urls[i] for i in others),
+        }
+    )
 
 
 async def _judge(record: Path, confirmed: Path, buckets: int, killed_at: float) -> None:

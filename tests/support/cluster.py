@@ -140,6 +140,12 @@ class LocalCluster:
         self._run([_Call(i, "kill", "rabbitmq")])
         self._rabbit_killed.add(i)
 
+    def stop_rabbit(self, i: int) -> None:
+        """Shut member ``i``'s broker down cleanly (``rabbitmqctl shutdown``): it closes its
+        client connections first, and says so on its event exchange."""
+        self._run([_Call(i, "down", "rabbitmq")])
+        self._rabbit_killed.add(i)
+
     def start_rabbit(self, i: int, timeout: float = 120.0) -> None:
         """Restart member ``i``'s broker and wait until every live member reports it running."""
         self._run([_Call(i, "up", "rabbitmq")])

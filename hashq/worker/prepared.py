@@ -32,6 +32,7 @@ class PreparedChannels:
         self._prefetch = prefetch
         self._ready: dict[int, tuple[AbstractConnection, asyncio.Task[AbstractChannel]]] = {}
         self._closing: set[asyncio.Task[None]] = set()  # referenced until done
+        self._discarded: set[asyncio.Task[AbstractChannel]] = set()  # opening, to be closed
 
     def expect(
         self,
@@ -75,10 +76,13 @@ class PreparedChannels:
         self._ready.clear()
 
     def _discard(self, task: asyncio.Task[AbstractChannel]) -> None:
-        """Close the channel ``task`` opens, whenever it has."""
+        """Close the channel ``task`` opens, whenever it has (the task is kept till then:
+        the loop holds tasks only weakly)."""
+        self._discarded.add(task)
         task.add_done_callback(self._close_opened)
 
     def _close_opened(self, task: asyncio.Task[AbstractChannel]) -> None:
+        self._discarded.discard(task)
         if task.cancelled() or task.exception() is not None:
             return
         channel = task.result()

@@ -8,6 +8,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from hashq.worker.machine import events as ev
 
+# Releases a transaction at most: ZooKeeper refuses a request over 1 MB (``jute.maxbuffer``),
+# and a worker stopping with 4,096 buckets would ask for them all at once.
+BATCH = 200
+
 Write = Callable[[Sequence[tuple[int, int, str]]], Awaitable[None]]
 
 
@@ -41,7 +45,7 @@ class ReleaseWriter:
 
     async def _write_pending(self) -> None:
         while self._pending:
-            batch, self._pending = self._pending, []
+            batch, self._pending = self._pending[:BATCH], self._pending[BATCH:]
             try:
                 await self._write([(a.bucket, a.epoch, a.incarnation) for a in batch])
             except Exception as exc:

@@ -303,8 +303,14 @@ async def test_a_rabbitmq_node_shut_down_cleanly_moves_no_bucket(
         )
         elsewhere = _without_node(settings, cluster, node)
         processes += [start_coordinator(elsewhere, name, tmp_path) for name in ("c1", "c2")]
-        await eventually(lambda: _owners(zk, settings) == {"w1", "w2"}, within=30)
-        before = _records(zk, settings)
+        before = await eventually(  # settled: each worker owns its share, nothing moving
+            lambda: _records(zk, settings),
+            within=30,
+            until=lambda records: (
+                {r.owner for r in records} == {"w1", "w2"}
+                and all(r.state is BucketState.GRANTED for r in records)
+            ),
+        )
         stopped_at = time.time()
         await asyncio.to_thread(cluster.stop_rabbit, node)
         await asyncio.to_thread(load.wait, LOAD_SECONDS + 30)

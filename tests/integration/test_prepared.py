@@ -11,8 +11,12 @@ import aio_pika
 from aio_pika.abc import AbstractConnection
 
 from hashq._io.amqp import close_quietly, connect_amqp
+from hashq._io.management import Management
 from hashq.settings import Settings
 from hashq.worker.prepared import PreparedChannels
+from tests.support.grants import Grants
+from tests.support.helpers import wait_for_connection
+from tests.support.workers import StartWorker
 from tools.polling import eventually
 
 PREFETCH = 3
@@ -68,3 +72,29 @@ async def test_a_channel_not_wanted_any_more_is_closed_and_none_crosses_connecti
     finally:
         await close_quietly(first)
         await close_quietly(second)
+
+
+async def test_a_worker_opens_the_channels_of_its_incoming_buckets_before_their_grant(
+    grants: Grants, start_worker: StartWorker, management: Management
+) -> None:
+    start_worker("w1")
+    (w1,) = grants.wait_for_workers(1)
+    await wait_for_connection(management, w1.connection)
+    before = await eventually(
+        lambda: _channels_listed(management, w1.connection), within=15, until=lambda _: True
+    )
+    grants.assign(w1, {}, incoming=(0, 1, 2))
+    await eventually(
+        lambda: _channels_listed(management, w1.connection),
+        within=15,
+        until=lambda now: now >= before + 3,
+        what="three channels made ready",
+    )
+
+
+def _channels_listed(management: Management, name: str) -> int | None:
+    """The channels the management API counts on connection ``name`` (1 s statistics)."""
+    for connection in management.connections():
+        if connection.get("client_properties", {}).get("connection_name") == name:
+            return int(connection.get("channels", 0))
+    return None

@@ -535,3 +535,5 @@ async def test_releases_are_written_in_one_transaction_and_again_one_by_one_if_o
         (1, 1, "i1"),
         (2, 4, "i1"),
     ]
+    created = [grants.zk.get(grants.paths.release(b, e))[1].czxid for b, e in ((0, 1), (1, 1))]
+    assert created[0] == created[1]  # one transaction: one ZooKeeper transaction id

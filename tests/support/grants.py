@@ -50,10 +50,13 @@ class Grants:
             lambda: self.workers().get(worker_id), within, every=0.1, what=f"worker {worker_id}"
         )
 
-    def assign(self, worker: Registration, grants: dict[int, int]) -> None:
-        """Make ``grants`` the whole assignment of ``worker``'s current incarnation."""
+    def assign(
+        self, worker: Registration, grants: dict[int, int], incoming: tuple[int, ...] = ()
+    ) -> None:
+        """Make ``grants`` (and ``incoming``) the whole assignment of ``worker``'s current
+        incarnation."""
         transaction = self.zk.transaction()
-        data = Assignment(worker.incarnation, grants).encode()
+        data = Assignment(worker.incarnation, grants, incoming=incoming).encode()
         path = self.paths.assignment(worker.worker_id)
         if self.zk.exists(path):
             transaction.set_data(path, data)

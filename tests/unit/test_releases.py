@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 
 from hashq.worker.machine import events as ev
-from hashq.worker.releases import ReleaseWriter
+from hashq.worker.releases import BATCH, ReleaseWriter
 
 Ended = tuple[int, int, str]
 
@@ -64,3 +64,16 @@ async def test_a_failed_write_fails_each_release_of_its_batch_and_the_next_start
     await asyncio.gather(*tasks)
     assert store.writes[-1] == [(0, 3, "i1")]
     assert len(posted) == 3
+
+
+async def test_a_transaction_takes_at_most_a_batch_of_releases() -> None:
+    """A worker stopping with thousands of buckets must not ask ZooKeeper for a request over
+    its 1 MB limit."""
+    store = _Store()
+    writer, posted, tasks = _writer(store)
+    for lease in range(BATCH + 51):
+        writer.add(ev.WriteRelease(lease, lease, 1, "i1"))
+    store.go.set()
+    await asyncio.gather(*tasks)
+    assert [len(write) for write in store.writes] == [BATCH, 51]
+    assert len(posted) == BATCH + 51

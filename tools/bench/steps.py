@@ -158,6 +158,9 @@ async def handover(
             "pause_ms_max": round(max(pauses) * 1000, 1) if pauses else None,
             "pause_ms_median": round(figures.median(pauses) * 1000, 1) if pauses else None,
             "gap_ms_max": round(max(gaps) * 1000, 1) if gaps else None,
+            # moved buckets whose first message waited from the old owner's last start: the
+            # others' pause is that message's own wait (the bucket had nothing to run)
+            "waited_whole_gap": sum(1 for p, g in zip(pauses, gaps, strict=True) if p >= g - 1e-6),
             "handover_s": round(done - joined, 2),
             "unmoved_per_s_before": round(before),
             "unmoved_per_s_during": round(during),

@@ -207,8 +207,9 @@ class Assignment:
     def encode(self) -> bytes:
         fields = asdict(self)
         fields["grants"] = {str(bucket): epoch for bucket, epoch in self.grants.items()}
-        fields["incoming"] = sorted(self.incoming)
-        if not self.incoming:  # as before the field: older readers see the same record
+        if self.incoming:
+            fields["incoming"] = sorted(self.incoming)
+        else:  # as before the field: older readers see the same record
             del fields["incoming"]
         return json.dumps(fields, sort_keys=True).encode()
 

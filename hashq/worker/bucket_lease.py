@@ -85,7 +85,7 @@ class BucketLease:
         """Consume the bucket queue on ``ready`` (a channel of ``connection`` opened for it
         with this prefetch: ``hashq.worker.prepared``), or on a channel opened now."""
         self._connection = connection
-        channel = ready or await open_consumer_channel(connection, prefetch)
+        channel = ready if ready is not None else await open_consumer_channel(connection, prefetch)
         self._channel = await channel.get_underlay_channel()
         self._channel.closing.add_done_callback(self._note_close)
         self._acker = Acker(self._channel, self._ack_batch, self.bucket)

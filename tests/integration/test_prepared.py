@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from urllib.parse import quote
 
 import aio_pika
 from aio_pika.abc import AbstractConnection
@@ -13,6 +14,7 @@ from aio_pika.abc import AbstractConnection
 from hashq._io.amqp import close_quietly, connect_amqp
 from hashq._io.management import Management
 from hashq.settings import Settings
+from hashq.topology import Topology
 from hashq.worker.prepared import PreparedChannels
 from tests.support.grants import Grants
 from tests.support.helpers import wait_for_connection
@@ -75,14 +77,15 @@ async def test_a_channel_not_wanted_any_more_is_closed_and_none_crosses_connecti
 
 
 async def test_a_worker_opens_the_channels_of_its_incoming_buckets_before_their_grant(
-    grants: Grants, start_worker: StartWorker, management: Management
+    initialized: Settings, grants: Grants, start_worker: StartWorker, management: Management
 ) -> None:
     start_worker("w1")
     (w1,) = grants.wait_for_workers(1)
     await wait_for_connection(management, w1.connection)
-    before = await eventually(
-        lambda: _channels_listed(management, w1.connection), within=15, until=lambda _: True
-    )
+    await eventually(lambda: _channels_listed(management, w1.connection), within=15)
+    await asyncio.sleep(2.5)  # counted once its own channels are all open (every second)
+    before = _channels_listed(management, w1.connection)
+    assert before is not None
     grants.assign(w1, {}, incoming=(0, 1, 2))
     await eventually(
         lambda: _channels_listed(management, w1.connection),
@@ -90,6 +93,15 @@ async def test_a_worker_opens_the_channels_of_its_incoming_buckets_before_their_
         until=lambda now: now >= before + 3,
         what="three channels made ready",
     )
+    grants.assign(w1, {0: 1, 1: 1, 2: 1})
+    queues = {Topology.from_settings(initialized).bucket_queue(b) for b in (0, 1, 2)}
+    await eventually(
+        lambda: _consumed(management, queues), within=15, what="the three buckets consumed"
+    )
+    await asyncio.sleep(2.5)  # the management API counts channels every second
+    # Consumed on the ready channels, not on three more (a starvation check may open one).
+    count = _channels_listed(management, w1.connection)
+    assert count is not None and before + 3 <= count <= before + 4, (before, count)
 
 
 def _channels_listed(management: Management, name: str) -> int | None:
@@ -98,3 +110,9 @@ def _channels_listed(management: Management, name: str) -> int | None:
         if connection.get("client_properties", {}).get("connection_name") == name:
             return int(connection.get("channels", 0))
     return None
+
+
+def _consumed(management: Management, queues: set[str]) -> bool:
+    """Every one of ``queues`` has a consumer."""
+    listed = management.request("GET", f"/api/consumers/{quote(management.vhost, safe='')}")
+    return queues <= {str(consumer["queue"]["name"]) for consumer in listed}

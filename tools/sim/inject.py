@@ -17,9 +17,8 @@ if TYPE_CHECKING:
 def apply(cluster: Cluster, fault: Fault) -> bool:
     """Carry ``fault`` out; False if it had nothing to act on (its target is down, say)."""
     kind = fault.kind
-    if kind in ("crash", "stop", "amqp-partition", "server-cancel", "connection-reset"):
-        return _apply_to_worker(cluster, fault)
-    if kind in ADDED_KINDS:
+    to_worker = ("crash", "stop", "amqp-partition", "server-cancel", "connection-reset")
+    if kind in to_worker or kind in ADDED_KINDS:
         return _apply_to_worker(cluster, fault)
     if kind in ("freeze", "zk-partition"):
         return _apply_to_any(cluster, fault)

@@ -89,10 +89,10 @@ class View:
         the broker's word that the connection that fence covered closed, whichever came first
         (infinity without such a fence, or for an owner that declared no bound)."""
         fenced = self._fenced_since(record)
-        owner = (str(record.owner), str(record.incarnation))
-        contact = self.contact_bounds.get(owner, math.inf)
         if not fenced:
             return math.inf
+        owner = (str(record.owner), str(record.incarnation))
+        contact = self.contact_bounds.get(owner, math.inf)
         return min(*fenced, self.closed_at.get(owner, math.inf)) + contact
 
     def proof_due(self) -> float | None:

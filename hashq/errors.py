@@ -122,6 +122,16 @@ class Reject(HandlerOutcome):
         super().__init__(reason)
 
 
+class Park(HandlerOutcome):
+    """Raise in a handler to park its key now, with ``reason``, whatever attempts are left: this
+    message and every later one of its key wait, in their order, in the key's parking queue
+    (``hashq parked list``), while the other keys go on; ``hashq parked release`` runs them in
+    order, then the key flows again (docs/operations.md, "Parked keys")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+
+
 class Superseded(HashqError):
     """Raised when what this process held in ZooKeeper is no longer its own."""
 

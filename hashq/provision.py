@@ -80,7 +80,7 @@ def ensure_folders(zk: KazooClient, settings: Settings) -> None:
     paths = Paths(settings.app)
     for path in (paths.assignments, paths.buckets, paths.election):
         zk.ensure_path(path, acl=acl(settings, "coordinators"))
-    for path in (paths.workers, paths.releases):
+    for path in (paths.workers, paths.releases, paths.parked):
         zk.ensure_path(path, acl=acl(settings, "shared"))
 
 

@@ -85,6 +85,7 @@ class Paths:
         self.assignments = f"{self.root}/assignments"
         self.buckets = f"{self.root}/buckets"
         self.releases = f"{self.root}/releases"
+        self.parked = f"{self.root}/parked"  # ``hashq.parked``
 
     def worker(self, worker_id: str) -> str:
         return f"{self.workers}/{worker_id}"
@@ -151,7 +152,7 @@ def _encode(record: Any) -> bytes:
     return json.dumps(asdict(record), sort_keys=True).encode()
 
 
-def _fields(data: bytes, what: str, record: type[Any] | None = None) -> dict[str, Any]:
+def record_fields(data: bytes, what: str, record: type[Any] | None = None) -> dict[str, Any]:
     """The record's fields; with ``record``, only those it knows, so that a field added by a
     newer version is passed over (a rolling upgrade) rather than making the record unreadable."""
     try:
@@ -190,7 +191,7 @@ class Registration:
 
     @classmethod
     def decode(cls, data: bytes) -> Registration:
-        return cls(**_fields(data, "registration", cls))
+        return cls(**record_fields(data, "registration", cls))
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ class Assignment:
 
     @classmethod
     def decode(cls, data: bytes) -> Assignment:
-        fields = _fields(data, "assignment")
+        fields = record_fields(data, "assignment")
         grants = {int(bucket): int(epoch) for bucket, epoch in fields.get("grants", {}).items()}
         incoming = tuple(int(bucket) for bucket in fields.get("incoming", ()))
         return cls(fields["incarnation"], grants, int(fields.get("leader_epoch", 0)), incoming)
@@ -251,7 +252,7 @@ class BucketRecord:
 
     @classmethod
     def decode(cls, data: bytes) -> BucketRecord:
-        fields = _fields(data, "bucket", cls)
+        fields = record_fields(data, "bucket", cls)
         try:
             state = BucketState(fields.pop("state", BucketState.UNASSIGNED.value))
         except ValueError:
@@ -276,7 +277,7 @@ class Leadership:
 
     @classmethod
     def decode(cls, data: bytes) -> Leadership:
-        return cls(**_fields(data, "leader", cls))
+        return cls(**record_fields(data, "leader", cls))
 
 
 @dataclass(frozen=True)
@@ -294,4 +295,4 @@ class Release:
 
     @classmethod
     def decode(cls, data: bytes) -> Release:
-        return cls(**_fields(data, "release", cls))
+        return cls(**record_fields(data, "release", cls))

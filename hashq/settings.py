@@ -215,6 +215,13 @@ class WorkerSettings(ServiceSettings):
     capacity: int = Field(1, ge=1, le=1000, description="relative share of buckets to receive")
     concurrency: int = Field(32, ge=1, le=10_000, description="handlers running at once")
     prefetch: int = Field(32, ge=1, le=10_000, description="unacknowledged messages per bucket")
+    hot_key_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="a key holding more than this share of a bucket's prefetch window steps "
+        "aside to its parking queue and comes back in order (0: never)",
+    )
     threads: int = Field(
         8,
         ge=1,
@@ -239,13 +246,22 @@ class WorkerSettings(ServiceSettings):
     )
     retry_base_delay: float = Field(0.2, gt=0, le=600, description="first retry delay, seconds")
     retry_max_delay: float = Field(30.0, gt=0, le=3600, description="longest retry delay, seconds")
-    on_failure: Literal["dead-letter", "block"] = Field(
-        "dead-letter", description="after the last attempt: dead-letter, or retry forever"
+    on_failure: Literal["dead-letter", "block", "park"] = Field(
+        "dead-letter",
+        description="after the last attempt: dead-letter, retry forever, or park the key",
     )
     codec: Literal["raw", "json"] = Field("raw", description="decode bodies into msg.data")
     log_keys: Literal["hashed", "clear"] = Field(
         "hashed", description="how the per-message DEBUG lines show keys"
     )
+
+    @property
+    def hot_after(self) -> int:
+        """Messages of one key in hand from which it steps aside (0: never): at least 2, and
+        never with a prefetch below 4 (a window that small has no room to protect)."""
+        if self.hot_key_share <= 0 or self.prefetch < 4:
+            return 0
+        return max(2, int(self.hot_key_share * self.prefetch))
 
     @field_validator("worker_id")
     @classmethod

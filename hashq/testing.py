@@ -18,7 +18,10 @@ at most ``HASHQ_PREFETCH`` messages not yet acknowledged; keys are spread over
 ``HASHQ_BUCKETS`` buckets by CRC-32, not by the broker's ring (which bucket a key lands in
 changes nothing but which keys share a prefetch window). There is no ZooKeeper, so no bucket
 moves, no drain and no fence: that is the protocol's part, tested with real servers. Retries run
-at once unless ``wait_for_retries`` is set; the delay each one would have waited is kept.
+at once unless ``wait_for_retries`` is set; the delay each one would have waited is kept. A key
+parked (``HASHQ_ON_FAILURE=park``, or ``raise hashq.Park``) is parked by the worker's own
+``ParkedKeys``, its records kept in memory: its messages, the failed one first, end in
+``Result.parked`` in their order, and the run ends with them there (no operator releases them).
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ from hashq.settings import WorkerSettings
 from hashq.topology import Topology
 from hashq.worker.dead_letter import DeadLetters, failure_headers
 from hashq.worker.jobs import Job
+from hashq.worker.machine import parking as pk
 from hashq.worker.machine.lease import LeaseCore
+from hashq.worker.machine.parking import Fate
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
 from hashq.worker.runners import Runners
@@ -99,11 +104,16 @@ class Result:
     executions: list[Execution] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     retry_delays: list[float] = field(default_factory=list)  # what each retry would wait
+    parked_bodies: dict[str, list[bytes]] = field(default_factory=dict)  # by key, in order
     most_at_once: int = 0  # the most handlers that ran at the same time
 
     def of(self, key: str) -> list[Execution]:
         """Every call of the handler for ``key``, in the order they began."""
         return [execution for execution in self.executions if execution.key == key]
+
+    def parked(self, key: str) -> list[bytes]:
+        """The bodies of ``key`` moved to its parking queue, in their order."""
+        return self.parked_bodies.get(key, [])
 
     def done(self, key: str) -> list[bytes]:
         """The bodies of ``key`` whose handler returned, in the order it returned."""
@@ -236,6 +246,9 @@ class _Broker:
         bucket = zlib.crc32(key.encode()) % len(self._buckets)
         self._buckets[bucket].publish(key, body, properties)
 
+    def parked(self, key: str, body: bytes) -> None:
+        self._result.parked_bodies.setdefault(key, []).append(body)
+
     def later(self, delay: float, again: Callable[[], None]) -> object:
         """Outcomes' clock: a retry waits ``delay`` only if asked to."""
         self._result.retry_delays.append(delay)
@@ -276,7 +289,8 @@ class _Bucket:
         self._prefetch = prefetch
         self._broker = broker
         self._queue: deque[tuple[str, bytes, spec.Basic.Properties]] = deque()
-        self._core: LeaseCore[Job] = LeaseCore()
+        self._core: LeaseCore[Job] = LeaseCore(bucket, self.epoch, WORKER_ID, parks=True)
+        self._core.parked.load([])  # no key of it is parked yet
         self._tags = 0
 
     @property
@@ -304,18 +318,40 @@ class _Bucket:
     def may_start(self, job: Job) -> bool:
         return self._core.may_start()
 
-    def started(self, job: Job) -> None:
-        self._core.started(job)
+    def fate(self, job: Job) -> Fate:
+        fate = self._core.fate(job)
+        self._act()
+        return fate
+
+    def started(self, job: Job, fate: Fate = Fate.RUN) -> None:
+        self._core.started(job, fate)
+
+    def park(self, job: Job, reason: str, since: float) -> None:
+        self._core.park(job, reason, since)
+        self._act()
+
+    async def move(self, job: Job) -> None:
+        self._broker.parked(job.key, job.delivery.body)
+
+    def _act(self) -> None:
+        """What its parked keys ask for: records are written at once, in memory."""
+        for action in self._core.take():
+            if isinstance(action, pk.Dispatch):
+                self._broker.dispatch(action.job)
+            elif isinstance(action, pk.WriteRecord) and action.op is pk.RecordOp.CREATE:
+                self._core.parked.record_result(action.key, action.op, pk.Outcome.DONE, None, 0)
+                self._act()
 
     def finished(self, job: Job) -> None:
-        following = self._core.finished(job)
-        if following is not None:
+        for following in self._core.finished(job):
             self._broker.dispatch(following)
+        self._act()
         self._deliver()
         self._broker.changed()
 
     def dropped(self, job: Job) -> None:
         self._core.dropped(job)
+        self._act()
 
     def ack(self, job: Job) -> bool:
         return True

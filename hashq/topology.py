@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from hashq import placement
 from hashq.errors import TopologyMismatch
+from hashq.parked import parking_queue
 from hashq.settings import Settings
 
 TOPOLOGY_VERSION = 1
@@ -133,6 +134,16 @@ class Topology:
 
     def dead_letter_arguments(self) -> dict[str, Any]:
         return {"x-queue-type": self.queue_type}
+
+    def parking_arguments(self) -> dict[str, Any]:
+        """A parked key's queue: of the buckets' type, with no delivery limit (a released
+        message handed back by a closed channel must not be dead-lettered for it), and a single
+        active consumer, as a bucket queue has: a new owner's consumer gets nothing while a
+        dead owner's still counts, so what that one held comes back before anything later."""
+        return {"x-queue-type": self.queue_type, "x-single-active-consumer": True}
+
+    def parking_queue(self, key: str) -> str:
+        return parking_queue(self.app, key)
 
     # ------------------------------------------------------------ the ZooKeeper record
     def to_record(self) -> bytes:

@@ -160,12 +160,17 @@ class Checker:
         self._running[execution.key].append(execution)
         return execution
 
-    def end(self, execution: Execution, completed: bool = True) -> None:
+    def end(self, execution: Execution, completed: bool = True, failed: bool = False) -> None:
+        """``failed``: its handler raised. A failed execution is not the message's first (as
+        ``judge`` leaves failed records out): the next one is judged for order as the first."""
         execution.running = False
         running = self._running[execution.key]
         running.remove(execution)
         if not running:
             del self._running[execution.key]
+        message = (execution.key, execution.seq)
+        if failed and message not in self.completed:
+            self._started.discard(message)
         if completed:
             self.verdict.completed += 1
             self.completed.add((execution.key, execution.seq))

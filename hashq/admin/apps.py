@@ -1,9 +1,9 @@
 """``hashq apps delete``: remove an app from RabbitMQ and ZooKeeper, once nothing runs on it.
 
-It deletes the app's bucket queues, its dead-letter queue, its three exchanges and its
-ZooKeeper subtree. It refuses while a worker or a coordinator of the app is registered (a
-running process would recreate what it uses, or fail on what vanished), and asks first, since
-the messages in the queues go with them.
+It deletes the app's bucket queues, its dead-letter queue, the parking queues of its parked
+keys, its three exchanges and its ZooKeeper subtree. It refuses while a worker or a coordinator
+of the app is registered (a running process would recreate what it uses, or fail on what
+vanished), and asks first, since the messages in the queues go with them.
 """
 
 from __future__ import annotations
@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import urllib.parse
 
 from kazoo.exceptions import NoNodeError
 
 from hashq._io.amqp import connect_amqp, connection_name
+from hashq._io.management import Management
 from hashq._io.zk import close_zk, connect_zk
 from hashq.admin.status import gather_status
 from hashq.errors import ConfigError
+from hashq.parked import ParkedRecord
 from hashq.records import Paths
 from hashq.settings import Settings
 from hashq.topology import Topology
@@ -74,12 +77,44 @@ def _running_processes(settings: Settings) -> list[str]:
 async def remove_app(settings: Settings) -> None:
     """Delete a hashq app: its queues, exchanges and ZooKeeper state."""
     topology = Topology.from_settings(settings)
+    parking = await asyncio.to_thread(_parking_queues, settings, topology)
     await remove(
         settings,
-        [*topology.bucket_queues(), topology.dead_letter_queue],
+        [*topology.bucket_queues(), topology.dead_letter_queue, *parking],
         [topology.exchange, topology.ring_exchange, topology.dead_letter_exchange],
         topology.zk_root,
     )
+
+
+def _parking_queues(settings: Settings, topology: Topology) -> list[str]:
+    """The app's parking queues: those the management API lists (a key parked once keeps its
+    empty queue after its release), and those of the keys parked now."""
+    prefix = f"hashq.{settings.app}.parked."
+    listed: set[str] = set()
+    with contextlib.suppress(Exception):  # no management API: the parked keys' queues only
+        vhost = urllib.parse.quote(settings.vhost, safe="")
+        queues = Management(settings).request("GET", f"/api/queues/{vhost}?columns=name") or []
+        listed = {q["name"] for q in queues if str(q.get("name", "")).startswith(prefix)}
+    parked = {topology.parking_queue(key) for key in _parked_keys(settings)}
+    return sorted(listed | parked)
+
+
+def _parked_keys(settings: Settings) -> list[str]:
+    """The keys parked in the app."""
+    paths = Paths(settings.app)
+    zk = connect_zk(settings, "coordinator")
+    try:
+        try:
+            names = zk.get_children(paths.parked)
+        except NoNodeError:
+            return []
+        keys = []
+        for name in names:
+            with contextlib.suppress(NoNodeError, ValueError):
+                keys.append(ParkedRecord.decode(zk.get(f"{paths.parked}/{name}")[0]).key)
+        return keys
+    finally:
+        close_zk(zk)
 
 
 async def remove(settings: Settings, queues: list[str], exchanges: list[str], zk_path: str) -> None:

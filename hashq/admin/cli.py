@@ -1,4 +1,4 @@
-"""``hashq``: the admin command (init, publish, status, where, dead-letters, apps delete,
+"""``hashq``: the admin command (init, publish, status, where, dead-letters, parked, apps delete,
 zk-digest).
 
 Flags, settings, logging and exit statuses as every command has them: ``hashq._io.command``.
@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hashq",
         usage="%(prog)s [options] COMMAND ...",
-        description="Administer a hashq app: topology, publishing, status, dead letters, deletion.",
+        description="Administer a hashq app: topology, publishing, status, dead letters, parked "
+        "keys, deletion.",
         parents=[common],
     )
     add_version(parser)
@@ -106,6 +107,25 @@ def build_parser() -> argparse.ArgumentParser:
     purge = action("purge", "delete every dead letter")
     purge.add_argument("--yes", action="store_true", help="do not ask")
     dead.set_defaults(func=admin.dead_letters)
+
+    parked = command("parked", "list, show, release or drop parked keys", " ACTION")
+    parked_actions = parked.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def parked_action(name: str, help: str, operands: str = "") -> argparse.ArgumentParser:
+        usage = f"hashq parked {name} [options]{operands}"
+        return parked_actions.add_parser(name, help=help, usage=usage, parents=[common])
+
+    listing = parked_action("list", "the parked keys, how many messages wait, since when, why")
+    show = parked_action("show", "one parked key", " KEY")
+    show.add_argument("key", metavar="KEY")
+    for shown in (listing, show):
+        shown.add_argument("--json", action="store_true", help="a JSON list, for scripts")
+    release = parked_action("release", "run its parked messages in order, then let it flow", " KEY")
+    release.add_argument("key", metavar="KEY")
+    drop = parked_action("drop", "dead-letter its parked messages, then let it flow", " KEY")
+    drop.add_argument("key", metavar="KEY")
+    drop.add_argument("--yes", action="store_true", help="do not ask")
+    parked.set_defaults(func=admin.parked)
 
     return parser
 

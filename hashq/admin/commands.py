@@ -15,10 +15,12 @@ from typing import IO, Any
 from kazoo.security import make_digest_acl_credential
 
 from hashq.admin import dead_letters as dlq
+from hashq.admin import parked as parking
 from hashq.admin.apps import delete_app
 from hashq.admin.jobs_file import Progress, read_messages
 from hashq.admin.status import AppStatus, gather_status, render_table, render_where
 from hashq.errors import BatchPublishError, ConfigError, InvalidMessage, ServiceUnavailable
+from hashq.parked import ParkedState
 from hashq.provision import ensure_topology
 from hashq.publisher import Publisher
 from hashq.settings import Settings
@@ -177,6 +179,38 @@ async def dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def parked(settings: Settings, args: argparse.Namespace) -> int:
+    """``hashq parked list|show|release|drop``."""
+    if args.action in ("list", "show"):
+        found = await parking.parked_keys(settings, args.key if args.action == "show" else None)
+        if args.action == "show" and not found:
+            raise ConfigError(f"key {args.key!r} is not parked in app {settings.app!r}")
+        print(parking.as_json(found) if args.json else parking.render(found))
+        return 0
+    if args.action == "drop" and not _confirmed(
+        f"dead-letter every parked message of key {args.key!r}?", args.yes
+    ):
+        return 1
+    state = ParkedState.RELEASING if args.action == "release" else ParkedState.DROPPING
+    record = await parking.change_state(settings, args.key, state)
+    what = "run in order" if state is ParkedState.RELEASING else "go to the dead-letter queue"
+    print(
+        f"key {args.key!r} (bucket {record.bucket}) is {state.value}: its parked messages "
+        f"{what}, then it flows again ('hashq parked list' shows it until then)"
+    )
+    return 0
+
+
+def _confirmed(question: str, yes: bool) -> bool:
+    if yes:
+        return True
+    print(f"{question} type 'yes': ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip() == "yes":
+        return True
+    print("nothing changed", file=sys.stderr)
+    return False
+
+
 def _selection(args: argparse.Namespace) -> Callable[[dlq.DeadLetter], bool] | None:
     ids, keys, reasons = set(args.id or []), set(args.key or []), set(args.reason or [])
     if args.all:
@@ -188,11 +222,8 @@ def _selection(args: argparse.Namespace) -> Callable[[dlq.DeadLetter], bool] | N
 
 async def _purge(settings: Settings, confirmed: bool) -> int:
     queue = f"hashq.{settings.app}.dead"
-    if not confirmed:
-        print(f"delete every message in {queue}? type 'yes': ", end="", file=sys.stderr, flush=True)
-        if sys.stdin.readline().strip() != "yes":
-            print("nothing deleted", file=sys.stderr)
-            return 1
+    if not _confirmed(f"delete every message in {queue}?", confirmed):
+        return 1
     print(f"deleted {await dlq.purge(settings):,} dead letters from {queue}")
     return 0
 

@@ -3,7 +3,8 @@ and the drain that ends it.
 
 A bucket lease goes CONSUMING -> DRAINING -> CLOSED, each state documented by what it allows.
 Deliveries are consumed on a channel of their own, so closing that channel hands every
-unacknowledged message back to the queue, in order, and touches no other bucket.
+unacknowledged message back to the queue, in order, and touches no other bucket. Its parked keys
+(``hashq.worker.parking``) have channels of their own, which close with it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import DeliveredMessage
 
 from hashq._io.amqp import connection_usable
+from hashq.errors import ServiceUnavailable
 from hashq.worker.acks import Acker
 from hashq.worker.jobs import Job, deliver_frame
 from hashq.worker.machine.lease import LeaseCore, LeaseState
+from hashq.worker.machine.parking import Fate
+from hashq.worker.parking import LeaseParking, ParkingSite
 from hashq.worker.prepared import open_consumer_channel
 
 log = logging.getLogger(__name__)
@@ -48,12 +52,22 @@ class BucketLease:
         dispatch: Callable[[Job], None],
         ack_batch: int = 1,
         on_closed: Callable[[], None] | None = None,
+        parking: ParkingSite | None = None,
+        hot_after: int = 0,
+        prefetch: int = 0,
     ) -> None:
+        """``parking``: what its parked keys' edge shares with the worker's other leases; None
+        (tests): no key is parked, and the bucket's records are not read. ``hot_after``:
+        messages of one key in hand from which it steps aside (0: never)."""
         self.bucket = bucket
         self._on_closed = on_closed  # told when the channel closes, by either side
         self.epoch = epoch
         self.queue = queue
-        self._core: LeaseCore[Job] = LeaseCore()
+        self._core: LeaseCore[Job] = LeaseCore(
+            bucket, epoch, parks=parking is not None, hot_after=hot_after, window=prefetch
+        )
+        self._parking = LeaseParking(self, self._core, parking) if parking is not None else None
+        self._mover = parking.mover if parking is not None else None
         self._dispatch = dispatch
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._ack_batch = ack_batch
@@ -85,6 +99,8 @@ class BucketLease:
         """Consume the bucket queue on ``ready`` (a channel of ``connection`` opened for it
         with this prefetch: ``hashq.worker.prepared``), or on a channel opened now."""
         self._connection = connection
+        if self._parking is not None:  # read its parked keys while it subscribes
+            self._parking.start(connection)
         channel = ready if ready is not None else await open_consumer_channel(connection, prefetch)
         self._channel = await channel.get_underlay_channel()
         self._channel.closing.add_done_callback(self._note_close)
@@ -117,24 +133,46 @@ class BucketLease:
         for job in ready:
             self._dispatch(job)
 
+    def _act(self) -> None:
+        """Carry out what its parked keys asked for."""
+        if self._parking is not None:
+            self._parking.act()
+
     def may_start(self, job: Job) -> bool:
         return job.lease is self and self._core.may_start()
 
-    def started(self, job: Job) -> None:
-        self._core.started(job)
+    def fate(self, job: Job) -> Fate:
+        fate = self._core.fate(job)
+        self._act()
+        return fate
+
+    def started(self, job: Job, fate: Fate = Fate.RUN) -> None:
+        self._core.started(job, fate)
         self._settled.clear()
+
+    def park(self, job: Job, reason: str, since: float) -> None:
+        self._core.park(job, reason, since)
+        self._note_progress()
+        self._act()
+
+    async def move(self, job: Job) -> None:
+        if self._mover is None:
+            raise ServiceUnavailable("this lease parks no key")
+        await self._mover.move(job)
 
     def finished(self, job: Job) -> None:
         """``job`` was acknowledged or dead-lettered: hand its key's next delivery on."""
         following = self._core.finished(job)
         self._note_progress()
-        if following is not None:
-            self._dispatch(following)
+        for ready in following:
+            self._dispatch(ready)
+        self._act()
 
     def dropped(self, job: Job) -> None:
         """``job`` will not finish here (its handler was cut off); it goes back to the queue."""
         self._core.dropped(job)
         self._note_progress()
+        self._act()
 
     def _note_progress(self) -> None:
         if self._core.settled:
@@ -159,6 +197,8 @@ class BucketLease:
         went back to the queue."""
         if self.state is LeaseState.CLOSED or self._acker is None or not self.channel_alive:
             return False
+        if job.from_parking:
+            return self._parking is not None and self._parking.ack(job)
         self._acker.complete(job.tag)
         return True
 
@@ -174,7 +214,10 @@ class BucketLease:
         if self.state is LeaseState.CLOSED:
             return self._core.idle
         self._core.drain()
+        self._act()
         await self._cancel_consumer()
+        if self._parking is not None:
+            await self._parking.cancel()
         try:
             await asyncio.wait_for(self._idle.wait(), within)
             clean = True
@@ -198,6 +241,8 @@ class BucketLease:
         for job in self._core.close():
             job.cut_off()
         self._idle.set()
+        if self._parking is not None:
+            await self._parking.close()
         if self._acker is not None:  # what was finished is acknowledged, not done again
             await self._acker.flush(ACK_FLUSH_WITHIN)
         channel, self._channel = self._channel, None
@@ -234,6 +279,10 @@ class BucketLease:
     def log_fields(self) -> dict[str, int]:
         """For ``extra=``: the JSON log format shows them as fields."""
         return {"bucket": self.bucket, "epoch": self.epoch}
+
+    @property
+    def parked_keys(self) -> int:
+        return len(self._core.parked.keys)
 
     @property
     def running(self) -> int:

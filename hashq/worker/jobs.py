@@ -3,7 +3,10 @@ started by a runner, and ends in one of three ways, each decided here (``Outcome
 
 - its handler returned: it is acknowledged, and its key's next delivery goes on (``settle``);
 - its handler raised: it runs again after a backoff, its key waiting meanwhile, or, with its
-  attempts spent, it is dead-lettered, confirmed, and then acknowledged (``failed``);
+  attempts spent, it is dead-lettered, confirmed, and then acknowledged, or its key is parked
+  (``failed``; ``hashq.worker.machine.parked_keys``);
+- its key is parked: it is moved to the key's parking queue, confirmed, then acknowledged
+  (``move``);
 - its lease closed under it (fenced, or the drain timed out): its handler is cut off and it
   goes back to the queue, unacknowledged (``Job.cut_off``, ``Lease.dropped``).
 
@@ -25,10 +28,11 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 from hashq._io.logs import key_for_log
-from hashq.errors import Reject, Retry
+from hashq.errors import Park, Reject, Retry
 from hashq.message import Message
+from hashq.worker.machine.parking import Fate
 from hashq.worker.metrics import WorkerMetrics
-from hashq.worker.retry import RetryPolicy
+from hashq.worker.retry import OnFailure, RetryPolicy
 
 if TYPE_CHECKING:
     from hashq.worker.dead_letter import DeadLetters
@@ -56,8 +60,23 @@ class Lease(Protocol):
         """Whether ``job`` may start now: its lease still consumes, its key's turn has come."""
         ...
 
-    def started(self, job: Job) -> None:
-        """``job``'s handler begins."""
+    def fate(self, job: Job) -> Fate:
+        """What to do with ``job`` as a runner takes it (``LeaseCore.fate``): run it, move it
+        to its parked key's queue, dead-letter it (a dropped key's), or nothing (WAIT: it
+        waits with its parked key; GONE: its parking channel closed)."""
+        ...
+
+    def started(self, job: Job, fate: Fate = Fate.RUN) -> None:
+        """``job``'s handler begins (or its move, or its dead-lettering)."""
+        ...
+
+    def park(self, job: Job, reason: str, since: float) -> None:
+        """``job`` failed for good: its key is parked, ``job`` first (``since``: the wall
+        clock, for people: ``hashq parked list``)."""
+        ...
+
+    async def move(self, job: Job) -> None:
+        """Publish ``job``'s message to its key's parking queue; raises unless confirmed."""
         ...
 
     def finished(self, job: Job) -> None:
@@ -88,6 +107,7 @@ class Job:
     key: str
     attempt: int = 1
     first_failure: float | None = None
+    from_parking: bool = False  # delivered from its key's parking queue (``hashq.parked``)
     # While its handler runs: the runner task and the message, so that a closing lease can
     # cut the handler off.
     _handler_task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -189,7 +209,11 @@ class Outcomes:
         if isinstance(error, Reject):
             await self.dead_letter(job, "rejected", error)
             return
-        delay = (policy or self._policy).next_delay(job.attempt)
+        if isinstance(error, Park):
+            self.park(job, f"parked by the handler: {error}")
+            return
+        policy = policy or self._policy
+        delay = policy.next_delay(job.attempt)
         asked = isinstance(error, Retry)
         log.log(
             logging.INFO if asked else logging.WARNING,
@@ -202,6 +226,9 @@ class Outcomes:
             error,
             extra=lease.log_fields,
         )
+        if delay is None and policy.on_failure is OnFailure.PARK:
+            self.park(job, f"failed {job.attempt} times: {type(error).__name__}: {error}")
+            return
         if delay is None:
             await self.dead_letter(job, "handler-failed", error)
             return
@@ -230,6 +257,26 @@ class Outcomes:
             reason,
             extra=lease.log_fields,
         )
+        self.settle(job)
+
+    def park(self, job: Job, reason: str) -> None:
+        job.lease.park(job, reason[:500], time.time())
+
+    async def move(self, job: Job) -> None:
+        """Move ``job`` to its parked key's queue, confirmed, then acknowledge it; if the
+        publish fails, try again after the base delay (its key waits)."""
+        try:
+            await job.lease.move(job)
+        except Exception as exc:
+            job.lease.dropped(job)
+            log.warning(
+                "bucket %d: moving a parked key's message failed (%r); retrying",
+                job.lease.bucket,
+                exc,
+            )
+            self._retry_later(job, self._policy.base_delay)
+            return
+        self._metrics.moved[job.lease.bucket] += 1
         self.settle(job)
 
     def _retry_later(self, job: Job, delay: float) -> None:

@@ -54,6 +54,9 @@ class WorkerMetrics(Collector):
         self.processed: defaultdict[int, int] = defaultdict(int)  # bucket -> messages
         self.failed: defaultdict[int, int] = defaultdict(int)
         self.retried: defaultdict[int, int] = defaultdict(int)
+        # keys parked (hashq.parked), by bucket and why: "failed" or "hot"
+        self.parked: defaultdict[tuple[int, str], int] = defaultdict(int)
+        self.moved: defaultdict[int, int] = defaultdict(int)  # messages moved to parking queues
         self.dead_lettered: defaultdict[tuple[int, str], int] = defaultdict(int)
         self.handler_seconds = Durations(HANDLER_SECONDS)
         self.drain_seconds = Durations(DRAIN_SECONDS)
@@ -72,6 +75,7 @@ class WorkerMetrics(Collector):
         waiting: Callable[[], int],
         zk_connected: Callable[[], bool],
         starved: Callable[[], int] = lambda: 0,
+        parked_keys: Callable[[], int] = lambda: 0,
     ) -> None:
         """The gauges, as functions of the worker's state called at scrape time."""
         self.gauges = {
@@ -90,6 +94,7 @@ class WorkerMetrics(Collector):
                 "messages ready (hashq.worker.starvation)",
                 starved,
             ),
+            "hashq_parked_keys": ("Parked keys of the buckets this worker consumes", parked_keys),
         }
 
     def collect(self) -> Iterator[Metric]:
@@ -97,6 +102,11 @@ class WorkerMetrics(Collector):
             ("hashq_messages_processed", "Messages handled and acknowledged", self.processed),
             ("hashq_messages_failed", "Handler attempts that raised", self.failed),
             ("hashq_messages_retried", "Failed messages scheduled again", self.retried),
+            (
+                "hashq_messages_moved",
+                "Messages of parked keys moved to their parking queue",
+                self.moved,
+            ),
         ):
             family = CounterMetricFamily(name, documentation, labels=["bucket"])
             for bucket, count in sorted(counts.items()):
@@ -110,6 +120,15 @@ class WorkerMetrics(Collector):
         for (bucket, reason), count in sorted(self.dead_lettered.items()):
             dead.add_metric([str(bucket), reason], count)
         yield dead
+        parked = CounterMetricFamily(
+            "hashq_keys_parked",
+            "Keys parked here: a message failed for good (why=failed), or a hot key stepped "
+            "aside (why=hot)",
+            labels=["bucket", "why"],
+        )
+        for (bucket, why), count in sorted(self.parked.items()):
+            parked.add_metric([str(bucket), why], count)
+        yield parked
         yield self.handler_seconds.family("hashq_handler_seconds", "Handler run time")
         yield self.drain_seconds.family("hashq_drain_seconds", "From revocation to release")
         yield CounterMetricFamily(

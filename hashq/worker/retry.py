@@ -1,7 +1,8 @@
 """What to do after a handler failed: the pure retry policy.
 
 Exponential backoff with full jitter, capped; after ``max_attempts`` the message is dead-lettered,
-unless the policy is ``block``, which retries forever (a stalled key rather than a gap).
+or its key parked (``park``: the key steps aside, in order, until released), unless the policy is
+``block``, which retries forever (a stalled key rather than a gap).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 class OnFailure(enum.Enum):
     DEAD_LETTER = "dead-letter"
     BLOCK = "block"
+    PARK = "park"
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,8 @@ class RetryPolicy:
 
     def next_delay(self, attempt: int, rng: random.Random | None = None) -> float | None:
         """Seconds to wait before attempt ``attempt + 1`` after attempt ``attempt`` (from 1)
-        failed, or None when the message should be dead-lettered."""
-        if attempt >= self.max_attempts and self.on_failure is OnFailure.DEAD_LETTER:
+        failed, or None when it gives up (dead-letter the message, or park its key)."""
+        if attempt >= self.max_attempts and self.on_failure is not OnFailure.BLOCK:
             return None
         ceiling = min(self.max_delay, self.base_delay * 2 ** min(attempt - 1, 30))
         return (rng or random).uniform(ceiling / 2, ceiling)

@@ -33,8 +33,10 @@ from typing import Any, Protocol
 from hashq.errors import Undecodable
 from hashq.message import Handler, Message, MessageHandler
 from hashq.routing import App, Route, Router
+from hashq.settings import WorkerSettings
 from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job, Later, Outcomes
+from hashq.worker.machine.parking import Fate
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
 
@@ -90,6 +92,30 @@ class Runners:
         self._concurrency = concurrency if all_async else min(concurrency, threads)
         self._tasks: list[asyncio.Task[None]] = []
 
+    @classmethod
+    def for_worker(
+        cls,
+        settings: WorkerSettings,
+        handler: Handler | App,
+        dead_letters: DeadLetters,
+        metrics: WorkerMetrics,
+        awake: Callable[[], bool],
+        contact: Heard,
+    ) -> Runners:
+        """A worker's runners, as its settings say."""
+        return cls(
+            handler,
+            concurrency=settings.concurrency,
+            threads=settings.threads,
+            policy=RetryPolicy.from_settings(settings),
+            dead_letters=dead_letters,
+            codec=settings.codec,
+            metrics=metrics,
+            awake=awake,
+            contact=contact,
+            keys_in_clear=settings.log_keys == "clear",
+        )
+
     def start(self) -> None:
         """Start the runner tasks (on the running loop)."""
         self._outcomes.notice_log_level()
@@ -142,6 +168,10 @@ class Runners:
         lease = job.lease
         if not lease.may_start(job):
             return  # its bucket was closed: the message went back to the queue
+        fate = lease.fate(job)
+        if fate is not Fate.RUN:
+            await self._not_run(job, fate)
+            return
         try:
             message, route = await self._message(job)
         except Undecodable as exc:
@@ -172,6 +202,16 @@ class Runners:
             return
         self._metrics.handler_seconds.observe(time.perf_counter() - since)
         self._outcomes.settle(job)
+
+    async def _not_run(self, job: Job, fate: Fate) -> None:
+        """A parked key's message: moved to its parking queue, or (dropped) dead-lettered; or
+        nothing now (it waits with its key, or went back to its parking queue)."""
+        if fate is Fate.MOVE:
+            job.lease.started(job, fate)
+            await self._outcomes.move(job)
+        elif fate is Fate.DEAD_LETTER:
+            job.lease.started(job, fate)
+            await self._outcomes.dead_letter(job, "dropped", None)
 
     async def _call(self, job: Job, message: Message, route: Route) -> bool:
         """Call the handler; False if the look just before it begins (``_may_begin``) says no:

@@ -24,7 +24,7 @@ from hashq._io.health import health_endpoints
 from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
 from hashq.message import Handler
 from hashq.provision import ensure_topology
-from hashq.records import worker_connection_names
+from hashq.records import Paths, worker_connection_names
 from hashq.routing import App
 from hashq.settings import WorkerSettings, default_worker_id
 from hashq.topology import Topology
@@ -35,9 +35,9 @@ from hashq.worker.machine import events as ev
 from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
 from hashq.worker.metrics import WorkerMetrics
+from hashq.worker.parking import Mover, ParkedRecords, ParkingSite
 from hashq.worker.prepared import PreparedChannels
 from hashq.worker.releases import ReleaseWriter
-from hashq.worker.retry import RetryPolicy
 from hashq.worker.runners import Runners
 from hashq.worker.session import Membership
 from hashq.worker.starvation import StarvationWatch
@@ -70,6 +70,8 @@ class Worker:
         self._events: asyncio.Queue[ev.Event] = asyncio.Queue()
         self._membership = Membership(settings, self.worker_id, settings.capacity, self.post)
         self._dead_letters = DeadLetters(self.topology, self.worker_id)
+        self._mover = Mover(self.topology)
+        self._parking: ParkingSite | None = None  # made on the loop, once ZooKeeper is up
         self._connection: AbstractConnection | None = None
         self._contact = ContactKeeper()  # of the current connection: runners start while fresh
         self._leases: dict[int, BucketLease] = {}  # by the machine's lease number
@@ -89,8 +91,11 @@ class Worker:
             waiting=lambda: sum(lease.waiting for lease in self._leases.values()),
             zk_connected=lambda: self.machine.zk_link,
             starved=lambda: len(self._starvation.starved),
+            parked_keys=lambda: sum(lease.parked_keys for lease in self._leases.values()),
         )
-        self._runners = self._make_runners()  # after the metrics, which they count into
+        self._runners = Runners.for_worker(  # after the metrics, which they count into
+            settings, handler, self._dead_letters, self.metrics, self._watchdog.awake, self._contact
+        )
 
     @property
     def state(self) -> WorkerState:
@@ -129,6 +134,9 @@ class Worker:
         stopping = asyncio.ensure_future(self._post_stop(stop))
         try:
             await self._membership.start()
+            records = ParkedRecords(self._membership.zk, Paths(self.settings.app))
+            dispatch = self._runners.dispatch
+            self._parking = ParkingSite(records, self._mover, self.topology, dispatch, self.metrics)
             self.post(ev.Tick())
             while self.state is not WorkerState.STOPPED:
                 await self._handle(await self._next_event())
@@ -285,6 +293,7 @@ class Worker:
         await channel.close()
         self._contact.start(connection)
         await self._dead_letters.open(connection)
+        await self._mover.open(connection)
         return number, name
 
     async def _drop_connection(self) -> None:
@@ -309,6 +318,9 @@ class Worker:
             self._runners.dispatch,
             ack_batch,
             on_closed=lambda: self._channel_closed(action.lease),
+            parking=self._parking,
+            hot_after=self.settings.hot_after,
+            prefetch=self.settings.prefetch,
         )
         self._leases[action.lease] = lease
         try:
@@ -372,20 +384,6 @@ class Worker:
         await self._membership.close()
         await self._runners.close()
         await self._drop_connection()
-
-    def _make_runners(self) -> Runners:
-        return Runners(
-            self._handler,
-            concurrency=self.settings.concurrency,
-            threads=self.settings.threads,
-            policy=RetryPolicy.from_settings(self.settings),
-            dead_letters=self._dead_letters,
-            codec=self.settings.codec,
-            metrics=self.metrics,
-            awake=self._watchdog.awake,
-            contact=self._contact,
-            keys_in_clear=self.settings.log_keys == "clear",
-        )
 
     def _remind_if_idle(self) -> None:
         if self.state is WorkerState.WAITING:

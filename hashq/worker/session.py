@@ -71,6 +71,11 @@ class Membership:
         DataWatch(self._zk, self._paths.assignment(self.worker_id), self._on_assignment)
         DataWatch(self._zk, self._paths.worker(self.worker_id), self._on_registration)
 
+    @property
+    def zk(self) -> KazooClient:
+        """The client, for the records of parked keys (``hashq.worker.parking``)."""
+        return self._zk
+
     @staticmethod
     def new_incarnation() -> str:
         return uuid.uuid4().hex[:8]

@@ -55,6 +55,25 @@ async def poison(msg: Message) -> None:
     _record(msg, start, "ok")
 
 
+async def breakable(msg: Message) -> None:
+    """Like ``record``, but a key named in the file HASHQ_TEST_BROKEN (one per line) fails
+    while the file names it: a fix is the file's change."""
+    start = time.time()
+    if msg.key in _broken_keys(os.environ.get("HASHQ_TEST_BROKEN", "")):
+        _record(msg, start, "failed")
+        raise ValueError(f"key {msg.key} is broken")
+    await asyncio.sleep(random.uniform(0, 0.002))
+    _record(msg, start, "ok")
+
+
+def _broken_keys(path: str) -> list[str]:
+    try:
+        with open(path) as names:
+            return names.read().split()
+    except OSError:
+        return []
+
+
 def outcomes(msg: Message) -> None:
     """Like ``record`` (a plain function, in a thread), but a body's "retry_after" raises
     ``Retry(after=...)`` on the first attempt and its "reject" raises ``Reject``."""

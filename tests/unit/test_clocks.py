@@ -14,7 +14,8 @@ from tools import ROOT
 PACKAGES = [ROOT / "hashq", ROOT / "coordinator" / "hashq_coordinator"]
 WALL_CLOCK = {("time", "time"), ("time", "time_ns"), ("datetime", "now"), ("datetime", "utcnow")}
 # Timestamps in dead-letter headers (x-hashq-first-failure, x-hashq-last-failure), for people.
-SHOWN_TO_PEOPLE = {"hashq/worker/jobs.py", "hashq/worker/dead_letter.py"}
+# And when a hot key stepped aside, in its parked record (``hashq parked list``).
+SHOWN_TO_PEOPLE = {"hashq/worker/jobs.py", "hashq/worker/dead_letter.py", "hashq/worker/parking.py"}
 
 
 def _wall_clock_reads(path: Path) -> list[int]:

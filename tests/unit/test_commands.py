@@ -44,7 +44,7 @@ def test_help_gives_each_setting_its_variable_default_and_allowed_values(
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "usage: hashq-worker [options] package.module:function" in text
     assert "(HASHQ_CONCURRENCY; default 32)" in text
-    assert "(one of dead-letter, block; HASHQ_ON_FAILURE; default dead-letter)" in text
+    assert "(one of dead-letter, block, park; HASHQ_ON_FAILURE; default dead-letter)" in text
     assert "(HASHQ_DRAIN_TIMEOUT; default 30)" in text
     assert "worker:" in text and "services and app:" in text
 

@@ -20,6 +20,7 @@ from hashq.settings import Settings
 from hashq.topology import Topology
 from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job
+from hashq.worker.machine.parking import Fate
 from hashq.worker.metrics import WorkerMetrics
 from hashq.worker.retry import RetryPolicy
 from hashq.worker.runners import Heard, Runners
@@ -62,8 +63,17 @@ class _Lease:
     def may_start(self, job: Job) -> bool:
         return self.open
 
-    def started(self, job: Job) -> None:
+    def fate(self, job: Job) -> Fate:
+        return Fate.RUN
+
+    def started(self, job: Job, fate: Fate = Fate.RUN) -> None:
         self.running.append(job)
+
+    def park(self, job: Job, reason: str, since: float) -> None:
+        self.running.remove(job)
+
+    async def move(self, job: Job) -> None:
+        raise AssertionError("no key is parked here")
 
     def finished(self, job: Job) -> None:
         self.running.remove(job)

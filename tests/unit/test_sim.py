@@ -30,7 +30,8 @@ BY_NAME = {mutation.name: mutation for mutation in MUTATIONS}
 
 # Bugs the simulation found (and finding 8 of the review before it, which it finds since the
 # confirm-freeze fault waits for the buckets to move): a seed that shows each, and the mutation
-# of ``make mutations`` that takes its fix out (one way of taking a fix out, not two).
+# of ``make mutations`` that takes its fix out (one way of taking a fix out, not two). They were
+# found before parked keys, and are drawn as then (``--no-parking``: no key is poisoned).
 FOUND: dict[str, tuple[int, str]] = {
     # "an owner cut off ZooKeeper was fenced before it could notice" (seed 1097, mutation
     # revoke-within-drain) is no longer shown by any seed from 1 to 1999: since a grant after a
@@ -93,10 +94,19 @@ FOUND: dict[str, tuple[int, str]] = {
 @pytest.mark.parametrize("bug", sorted(FOUND))
 def test_a_bug_the_simulation_found_stays_fixed_and_its_seed_still_finds_it(bug: str) -> None:
     seed, mutation = FOUND[bug]
-    assert simulate(seed, STEPS).violation == ""
-    mutated = run_mutation(BY_NAME[mutation], Budget(seeds=1, first=seed, jobs=1, steps=STEPS))
+    assert simulate(seed, STEPS, parking=False).violation == ""
+    budget = Budget(seeds=1, first=seed, jobs=1, steps=STEPS, parking=False)
+    mutated = run_mutation(BY_NAME[mutation], budget)
     assert mutated.error == ""
     assert mutated.failed == (seed,), f"seed {seed} no longer shows: {bug}"
+
+
+# Found with parked keys (issue 18), in the simulator's first versions of them: "a parked
+# message ran twice at once: its channel's consumer_timeout returned it while its slow handler
+# ran, and the queue was consumed again at once" (seed 598, mutation
+# parked-reconsumed-beside-a-cut-handler) is shown by no seed from 1 to 1,600 of the simulator
+# since (the parking queues' publishes trail by up to 50 ms, which moved every seed):
+# tests/unit/test_parked_keys.py keeps the rule, and fails under the mutation.
 
 
 def test_a_budget_of_seeds_keeps_every_invariant() -> None:

@@ -132,6 +132,32 @@ async def test_retry_and_reject_are_the_handler_s_decisions() -> None:
     )
 
 
+async def test_a_key_that_fails_for_good_is_parked_in_order_while_its_bucket_goes_on() -> None:
+    async def handle(msg: Message) -> None:
+        if msg.body == b"bad":
+            raise ValueError("cannot")
+
+    settings = WorkerSettings(max_attempts=2, on_failure="park", buckets=1, prefetch=4)
+    cold = [(f"c{n}", b"x") for n in range(50)]
+    poisoned = [("k", b"ok"), ("k", b"bad"), ("k", b"after-1"), ("k", b"after-2")]
+    result = await run(handle, [*poisoned[:3], *cold, poisoned[3]], settings)
+    assert result.done("k") == [b"ok"]
+    assert result.parked("k") == [b"bad", b"after-1", b"after-2"]
+    assert all(result.done(key) == [b"x"] for key, _ in cold)  # one bucket, a window of 4
+    assert result.dead_letters == []
+
+
+async def test_a_handler_parks_its_key_at_once() -> None:
+    async def handle(msg: Message) -> None:
+        if msg.body == b"stop":
+            raise hashq.Park("waiting for the fix")
+
+    result = await run(handle, [("k", b"stop"), ("k", b"next"), ("j", b"go")])
+    assert result.parked("k") == [b"stop", b"next"]
+    assert [e.message.attempt for e in result.of("k")] == [1]
+    assert result.done("j") == [b"go"]
+
+
 async def test_retries_may_wait_as_they_would_in_production() -> None:
     async def handle(msg: Message) -> None:
         if msg.attempt == 1:

@@ -108,3 +108,15 @@ async def slow50(msg: Message) -> None:
     """A handler that takes 50 ms, for the handover pause with work in flight."""
     _recorder().add(msg.bucket, msg.body)
     await asyncio.sleep(0.05)
+
+
+HOT_KEY = "hot"
+HANDLER_SECONDS = 0.005
+
+
+async def hot_or_cold(msg: Message) -> None:
+    """A handler that takes 5 ms; records only the cold keys (every key but ``HOT_KEY``), whose
+    latency the hot-key step measures."""
+    if msg.key != HOT_KEY:
+        _recorder().add(msg.bucket, msg.body)
+    await asyncio.sleep(HANDLER_SECONDS)

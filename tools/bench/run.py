@@ -22,6 +22,7 @@ from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq.settings import Settings
 from tools import say
 from tools.bench import steps
+from tools.bench.hot import hot_key
 from tools.bench.plot import plot
 from tools.bench.rig import bench_app
 from tools.bench.steps import Plan
@@ -29,6 +30,7 @@ from tools.bench.steps import Plan
 SLEEPY = "tools.bench.probe:sleepy"
 SLEEPY_BUCKETS = 4
 SLEEPY_MESSAGES = 20_000
+HOT_KEY_SECONDS, HOT_KEY_SECONDS_QUICK = 20.0, 6.0
 
 
 def machine() -> dict[str, Any]:
@@ -95,6 +97,7 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
             await full_only(app, plan, folder, results)
     if not plan.quick:
         await sleepy(settings, plan, folder, results)
+        await hot(settings, plan, folder, results)
     results["summary"] = summary(results)
     return results
 
@@ -139,6 +142,13 @@ async def sleepy(settings: Settings, plan: Plan, folder: Path, results: dict[str
         "speedup": round(per_key["end_to_end_per_s"] / one_at_a_time["end_to_end_per_s"], 2),
     }
     say(f"    {results['sleepy']}")
+
+
+async def hot(settings: Settings, plan: Plan, folder: Path, results: dict[str, Any]) -> None:
+    seconds = HOT_KEY_SECONDS_QUICK if plan.quick else HOT_KEY_SECONDS
+    say(f"8. a hot key at twice its handler's rate beside 1,000 cold keys, {seconds:g}s each way")
+    results["hot_key"] = await hot_key(settings, folder / "hot-key", seconds)
+    say(f"    {results['hot_key']}")
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +199,10 @@ def print_summary(results: dict[str, Any]) -> None:
         rows.append(
             ("handover pause, 50 ms handlers, max ms", results["handover_50ms"]["pause_ms_max"])
         )
+    if "hot_key" in results:
+        hot = results["hot_key"]
+        rows.append(("hot key: cold p99 ms without", hot["share_0"]["cold_p99_ms"]))
+        rows.append(("hot key: cold p99 ms with isolation", hot["share_0.5"]["cold_p99_ms"]))
     if "latency" in results:
         rows.append(("latency p50 ms", results["latency"]["p50_ms"]))
         rows.append(("latency p99 ms", results["latency"]["p99_ms"]))
@@ -199,6 +213,13 @@ def print_summary(results: dict[str, Any]) -> None:
 async def bench(settings: Settings, args: argparse.Namespace) -> int:
     plan = Plan.quick_plan() if args.quick else Plan()
     folder = Path(args.out or tempfile.mkdtemp(prefix="hashq-bench-"))
+    if args.hot_key:  # that step alone
+        with contextlib.redirect_stdout(sys.stderr):
+            results: dict[str, Any] = {"machine": machine()}
+            await hot(settings, plan, folder, results)
+        (folder / "bench.json").write_text(json.dumps(results, indent=2))
+        print(json.dumps(results["hot_key"]) if args.json else f"  {folder / 'bench.json'}")
+        return 0
     with contextlib.redirect_stdout(sys.stderr):  # stdout is kept for --json
         results = await run_bench(settings, plan, folder)
     (folder / "bench.json").write_text(json.dumps(results, indent=2))
@@ -229,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--out", help="folder for the figures and records (default: a temp one)")
     parser.add_argument("--plot", help="where to write the PNG plot (default: in --out)")
+    parser.add_argument(
+        "--hot-key", action="store_true", help="only the hot-key step (with --quick: 6 s each way)"
+    )
     args = parser.parse_args(argv)
     logging_from_args(args)
     return run_command(bench, args, parser.prog, Settings)

@@ -9,6 +9,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from hashq.parked import ParkedState
 from hashq.records import (
     RETURN_GRACE_SECONDS,
     Assignment,
@@ -20,6 +21,14 @@ from tools.sim.coordinator import CoordinatorConfig, SimCoordinator
 from tools.sim.faults import Fault, draw_faults
 from tools.sim.inject import apply, heal_all, strand
 from tools.sim.invariants import Invariants
+from tools.sim.parking import (
+    Poison,
+    Poisoning,
+    draw_hot_after,
+    draw_poisons,
+    parked_records,
+    set_state,
+)
 from tools.sim.rabbit import Broker
 from tools.sim.worker import DRAIN_TIMEOUTS, PATHS, WITHDRAW_DELAYS, SimWorker, WorkerConfig
 from tools.sim.world import Violation, World
@@ -55,9 +64,10 @@ class Scenario:
     thread_share: float  # handlers that cannot be stopped
     stranded: str  # how worker 0 stays cut off after the other faults heal ("": it does not)
     return_lag: float = 0.0  # how late a queue may return a dead connection's messages
+    poisons: tuple[Poison, ...] = ()  # keys whose handler fails for a while (parked keys)
 
     @classmethod
-    def draw(cls, seed: int, horizon: float = 400.0) -> Scenario:
+    def draw(cls, seed: int, horizon: float = 400.0, parking: bool = True) -> Scenario:
         rng = random.Random(f"scenario-{seed}")
         workers = rng.randint(2, 5)
         session = rng.choice((2.0, 4.0, 6.0))
@@ -89,7 +99,13 @@ class Scenario:
             thread_share=rng.choice((0.0, 0.5, 1.0)),
             stranded=rng.choice(("", "", *STRANDED)),
         )
-        return scenario.with_timeouts(rng)
+        scenario = scenario.with_timeouts(rng)
+        poisons = tuple(draw_poisons(seed, scenario.keys, horizon)) if parking else ()
+        if not poisons:
+            return scenario
+        hot = draw_hot_after(seed)
+        hot_configs = tuple(replace(c, hot_after=hot) for c in scenario.worker_configs)
+        return replace(scenario, poisons=poisons, worker_configs=hot_configs)
 
     def with_timeouts(self, rng: random.Random) -> Scenario:
         """Timeouts that need not match the session's: a listing lag longer than the session
@@ -170,6 +186,7 @@ class Cluster:
         self._next_seq: dict[str, int] = {}
         self._publishing = True
         self.stranded_worker = ""  # the worker left cut off at the end, if any
+        self.poisoning = Poisoning(self.world, scenario.poisons)
         self.outcome = Outcome(scenario.seed)
 
     # ------------------------------------------------------------ processes
@@ -183,6 +200,7 @@ class Cluster:
             self.invariants,
             config,
             self._handler_time,
+            self.poisoning if self.scenario.poisons else None,
         )
         if index < len(self.workers):
             self.workers[index] = worker
@@ -245,13 +263,15 @@ class Cluster:
 
     # ------------------------------------------------------------ running
     def run(self, steps: int) -> Outcome:
-        for path in (PATHS.workers, PATHS.assignments, PATHS.buckets, PATHS.releases):
+        for path in (PATHS.workers, PATHS.assignments, PATHS.buckets, PATHS.releases, PATHS.parked):
             self.zk.create(path, b"")  # what ``hashq init`` creates
         for index in range(self.scenario.coordinators):
             self.start_coordinator(index)
         for index in range(self.scenario.workers):
             self.start_worker(index)
         self._publish()
+        for poison in self.scenario.poisons:
+            self.world.after(poison.at, lambda p=poison: self._poison(p))  # type: ignore[misc]
         pending = sorted(self.faults, key=lambda f: f.at)
         try:
             while self.world.steps < steps and pending:
@@ -272,6 +292,26 @@ class Cluster:
         self.outcome.expelled += sum(c.machine.expelled for c in self.coordinators)
         self.outcome.trace = self.world.trace
         return self.outcome
+
+    def _poison(self, poison: Poison) -> None:
+        self.poisoning.failing.add(poison.key)
+        self.world.note(f"poisoned {poison.key} until {poison.fixed:.3f}s")
+        self.world.after(poison.fixed - poison.at, lambda: self._fix(poison))
+
+    def _fix(self, poison: Poison) -> None:
+        """The handler is fixed; the operator releases the key (or drops what it parked)."""
+        self.poisoning.failing.discard(poison.key)
+        state = ParkedState.DROPPING if poison.drop else ParkedState.RELEASING
+        bucket = self.broker.bucket_of(poison.key)
+        if set_state(self.zk, PATHS, poison.key, bucket, state):
+            self.world.note(f"operator: {poison.key} {state.value}")
+
+    def _release_all(self) -> None:
+        """The end: every key still parked is released (no handler fails any more)."""
+        self.poisoning.failing.clear()
+        for record in parked_records(self.zk, PATHS):
+            if record.state is ParkedState.PARKED:
+                set_state(self.zk, PATHS, record.key, record.bucket, ParkedState.RELEASING)
 
     def _check(self) -> None:
         """The invariants checked on every step beyond those seen as executions start and end."""
@@ -319,6 +359,7 @@ class Cluster:
         every queue empty, every bucket granted to a live worker, shares balanced."""
         deadline = self.world.now + SETTLE_LIMIT
         while self.world.now < deadline:
+            self._release_all()
             self.world.run_until(self.world.now + 1.0, self._check)
             if not self._unfinished():
                 return
@@ -332,6 +373,9 @@ class Cluster:
         backlog = self.broker.backlog()
         if backlog:
             return f"{backlog} messages still in queues"
+        parked = parked_records(self.zk, PATHS)
+        if parked:
+            return f"{len(parked)} keys still parked: {[r.key for r in parked][:3]}"
         return self._unbalanced()
 
     def _unbalanced(self) -> str:

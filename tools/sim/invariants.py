@@ -41,8 +41,8 @@ class Invariants:
     ) -> Execution:
         return self.checker.start(Execution(key, seq, bucket, epoch, now, worker))
 
-    def end(self, execution: Execution, completed: bool) -> None:
-        self.checker.end(execution, completed)
+    def end(self, execution: Execution, completed: bool, failed: bool = False) -> None:
+        self.checker.end(execution, completed, failed)
 
     def granted(self, bucket: int, epoch: int) -> None:
         before = self._granted.get(bucket, 0)

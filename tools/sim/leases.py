@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from hashq.worker.acks import ACK_DELAY, AckWindow
 from hashq.worker.machine import events as ev
 from hashq.worker.machine.lease import LeaseCore
+from hashq.worker.machine.parking import Fate
 from tools.sim.invariants import Execution, Invariants
+from tools.sim.parking import MAX_ATTEMPTS, RETRY_DELAY, SimParking
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker, Connection, Msg
 
@@ -39,6 +41,8 @@ class Job:
     duration: float
     execution: Execution | None = None
     cut: bool = False
+    from_parking: bool = False
+    attempt: int = 1
 
     @property
     def key(self) -> str:
@@ -77,6 +81,8 @@ class LeaseRunner:
         threads: int = 0,
         thread_handoff: float = 0.0,
         heard: Callable[[Connection], bool] = lambda _: True,
+        parking: SimParking | None = None,
+        hot_after: int = 0,
     ) -> None:
         self._process = process
         self._worker_id, self._world = process.name, process.world  # its name is the worker's id
@@ -93,6 +99,13 @@ class LeaseRunner:
         self._handoff = thread_handoff
         self._heard = heard  # the worker's ``BrokerContact`` of a connection is fresh
         self.paused = False  # the runners start nothing (``PauseRunners``, a pause seen)
+        self._parking = parking
+        self._hot_after = hot_after
+        if parking is not None:
+            parking.runner = self
+
+    def new_channel(self) -> int:
+        return next(self._channels)
 
     def resume(self) -> None:
         self.paused = False
@@ -126,8 +139,18 @@ class LeaseRunner:
             next(self._channels),
             connection,
             AckWindow(max(1, self._prefetch // 2)),
+            LeaseCore(
+                action.bucket,
+                action.epoch,
+                self._worker_id,
+                self._parking is not None,
+                self._hot_after,
+                min(self._prefetch, self._broker.prefetch_cap),
+            ),
         )
         self.leases[action.lease] = lease
+        if self._parking is not None:
+            self._parking.load(lease)
 
         def done(error: str) -> None:
             self._post(ev.Subscribed(action.lease, not error, error))
@@ -138,6 +161,14 @@ class LeaseRunner:
         )
 
     def delivered(self, connection: Connection, channel: int, tag: int, msg: Msg) -> None:
+        parked = self._parking.lease_of(connection, channel) if self._parking else None
+        if parked is not None:
+            duration, thread = self._handler_time()
+            parked[0].core.parked.delivered(
+                msg.key, tag, Job(parked[0], tag, msg, thread, duration, from_parking=True)
+            )
+            self.pump()
+            return
         lease = self._lease_on(connection, channel)
         if lease is None:
             return
@@ -149,6 +180,9 @@ class LeaseRunner:
     def channel_lost(
         self, connection: Connection, channel: int, reason: str, timeout: bool
     ) -> None:
+        if self._parking is not None and self._parking.lease_of(connection, channel):
+            self._parking.lost(connection, channel)
+            return
         lease = self._lease_on(connection, channel)
         if lease is not None:
             lease.closed = True
@@ -164,6 +198,7 @@ class LeaseRunner:
     def pump(self) -> None:
         """Start what may start now (also called when the broker answered: a contact is fresh
         again)."""
+        self._take_actions()
         held: list[Job] = []  # plain handlers waiting for a free thread, not yet started
         while self._ready and not self.paused and self._running < self._concurrency:
             job = self._ready.popleft()
@@ -173,12 +208,34 @@ class LeaseRunner:
                 self._execute(job)
         self._ready.extendleft(reversed(held))
 
+    def cut(self, job: Job) -> None:
+        """Stop ``job``'s handler (its parking channel went): an async one stops now, a thread
+        returns when it returns."""
+        job.cut = True
+        if not job.thread and job.execution is not None and job.execution.running:
+            self._running -= 1
+            job.lease.core.dropped(job)
+            self._end(job, completed=False)
+
+    def _take_actions(self) -> None:
+        """What the leases' parked keys asked for."""
+        if self._parking is None:
+            return
+        for lease in list(self.leases.values()):
+            self._ready.extend(self._parking.act(lease, lease.core.take()))
+
     def _thread_free(self) -> bool:
         return self._threads == 0 or self._threads_busy < self._threads
 
     def _execute(self, job: Job) -> None:
-        job.lease.core.started(job)
+        fate = job.lease.core.fate(job)
+        if fate in (Fate.WAIT, Fate.GONE):
+            return  # it waits with its parked key, or went back to its parking queue
+        job.lease.core.started(job, fate)
         self._running += 1
+        if fate in (Fate.MOVE, Fate.DEAD_LETTER):
+            self._move(job, fate)
+            return
         if not job.thread:
             self._begin(job)
         elif self._thread_free():
@@ -212,6 +269,57 @@ class LeaseRunner:
         self._after_job(lease)
         self.pump()
 
+    def _move(self, job: Job, fate: Fate) -> None:
+        """Move a message to its parking queue, or dead-letter a parked one; then acknowledge."""
+        assert self._parking is not None
+        lease = job.lease
+
+        def done(ok: bool) -> None:
+            self._running -= 1
+            if ok and lease.core.may_start() and self._ack(job):
+                self._ready.extend(lease.core.finished(job))
+            else:
+                lease.core.dropped(job)
+                if lease.core.may_start():
+                    self._process.later(RETRY_DELAY, lambda: self._again(job))
+            self._after_job(lease)
+            self.pump()
+
+        mover = self._parking.move if fate is Fate.MOVE else self._parking.dead_letter
+        mover(job, done)
+
+    def _again(self, job: Job) -> None:
+        if job.lease.core.may_start() and self.leases.get(job.lease.number) is job.lease:
+            self._ready.append(job)
+            self.pump()
+
+    def _ack(self, job: Job) -> bool:
+        """Acknowledge ``job``: a parked message singly on its parking channel, a bucket
+        message with the bucket channel's next batch. False if its channel is gone."""
+        lease = job.lease
+        if job.from_parking:
+            return self._parking is not None and self._parking.ack(job)
+        if lease.closed or not lease.connection.client_open:
+            return False
+        if lease.window.complete(job.tag):
+            self._send_acks(lease)
+        elif not lease.ack_timer:
+            lease.ack_timer = True
+            self._process.later(ACK_DELAY, lambda: self._send_acks(lease))
+        return True
+
+    def _failed(self, job: Job) -> None:
+        """Its handler raised: again after a delay (its key waits), or, its attempts spent,
+        its key is parked."""
+        lease = job.lease
+        self._end(job, completed=False, failed=True)
+        if job.attempt >= MAX_ATTEMPTS:
+            lease.core.park(job, "handler failed", self._world.now)
+            return
+        job.attempt += 1
+        lease.core.dropped(job)
+        self._process.later(RETRY_DELAY, lambda: self._again(job))
+
     def _begin(self, job: Job) -> None:
         lease = job.lease
         job.execution = self._invariants.start(
@@ -236,22 +344,20 @@ class LeaseRunner:
         if job.cut or not usable:
             lease.core.dropped(job)
             self._end(job, completed=True)  # its work was done, but it goes back to the queue
+        elif self._parking is not None and self._parking.fails(job.key):
+            self._failed(job)
         else:
             self._end(job, completed=True)
-            if lease.window.complete(job.tag):
-                self._send_acks(lease)
-            elif not lease.ack_timer:
-                lease.ack_timer = True
-                self._process.later(ACK_DELAY, lambda: self._send_acks(lease))
-            following = lease.core.finished(job)
-            if following is not None:
-                self._ready.append(following)
+            if self._ack(job):
+                self._ready.extend(lease.core.finished(job))
+            else:
+                lease.core.dropped(job)
         self._after_job(lease)
         self.pump()
 
-    def _end(self, job: Job, completed: bool) -> None:
+    def _end(self, job: Job, completed: bool, failed: bool = False) -> None:
         if job.execution is not None and job.execution.running:
-            self._invariants.end(job.execution, completed)
+            self._invariants.end(job.execution, completed, failed)
 
     def _after_job(self, lease: SimLease) -> None:
         if lease.core.idle and lease.on_idle:
@@ -307,6 +413,8 @@ class LeaseRunner:
         if lease is None:
             self._process.later(0, lambda: self._post(ev.Closed(number)))
             return
+        if self._parking is not None:
+            self._parking.close_lease(lease)
         for job in lease.core.close():
             job.cut = True
             if not job.thread:

@@ -64,6 +64,7 @@ class Budget:
     first: int
     jobs: int
     steps: int
+    parking: bool = True  # False: seeds as drawn before parked keys (``--no-parking``)
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,51 @@ MUTATIONS = (
         "",
     ),
     Mutation(
+        "move-before-record",
+        "a parked key's messages move before its record is written",
+        "hashq/worker/machine/parked_keys.py",
+        "        self._out.append(WriteRecord(job.key, RecordOp.CREATE, record, why=why))\n",
+        "        self._out.append(WriteRecord(job.key, RecordOp.CREATE, record, why=why))\n"
+        "        self._keys[job.key].creating = False\n"
+        "        self._apply_state(self._keys[job.key])\n",
+    ),
+    Mutation(
+        "park-records-unread",
+        "a new lease starts its bucket's messages without reading its parked keys",
+        "hashq/worker/machine/lease.py",
+        "self.parked.loaded = not parks",
+        "self.parked.loaded = True",
+    ),
+    Mutation(
+        "unpark-unproven",
+        "a released key flows again without its parking queue proving it holds nothing",
+        "hashq/worker/machine/parked_keys.py",
+        "empty = ready == 0 and consumers == 1 and parked.held == 0 and parked.confirmed",
+        "empty = parked.held == 0",
+    ),
+    Mutation(
+        "unpark-while-moving",
+        "a released key is unparked while one of its messages still moves",
+        "hashq/worker/machine/key_phases.py",
+        "        if parked.phase is ParkPhase.EMPTYING and parked.moving is not None:\n"
+        "            return\n",
+        "",
+    ),
+    Mutation(
+        "parked-record-unclaimed",
+        "a new owner acts on a parked key's record without claiming it at its epoch",
+        "hashq/worker/machine/key_phases.py",
+        "        elif record.epoch < self.epoch:\n",
+        "        elif False:\n",
+    ),
+    Mutation(
+        "parked-reconsumed-beside-a-cut-handler",
+        "a parked key's queue consumed again while the handler its lost channel cut still runs",
+        "hashq/worker/machine/parked_keys.py",
+        "ParkPhase.EMPTYING) and parked.cut is None:\n            self._consume(parked)\n",
+        "ParkPhase.EMPTYING):\n            self._consume(parked)\n",
+    ),
+    Mutation(
         "expel-unchecked",
         "a crashed worker's registration deleted whatever its version",
         "tools/sim/coordinator.py",
@@ -370,6 +416,7 @@ def simulate(tree: Path, budget: Budget) -> tuple[list[int], str]:
     command = [sys.executable, "-m", "tools.sim.run", "--seeds", str(budget.seeds)]
     command += ["--first", str(budget.first), "--jobs", str(budget.jobs)]
     command += ["--steps", str(budget.steps), "--no-shrink", "--json", str(out)]
+    command += [] if budget.parking else ["--no-parking"]
     path = f"{tree}{os.pathsep}{tree / 'coordinator'}"
     env = {**os.environ, "PYTHONPATH": path}  # never the original tree
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)

@@ -32,6 +32,7 @@ from typing import Protocol
 from tools.sim.net import Link, Pipe
 from tools.sim.world import World
 
+ROUTING_LAG = 0.05  # seconds a publish may trail a later request on another channel (busy)
 CONSUMER_TIMEOUT_REASON = "PRECONDITION_FAILED - delivery acknowledgement on channel {} timed out"
 
 
@@ -121,6 +122,21 @@ class Connection:
 
         self._call(ask, lambda error: done(None if error else answer[0]))
 
+    def publish_parked(self, queue: str, msg: Msg, done: Callable[[str], None]) -> None:
+        """Declare ``queue`` (durable) and publish a copy of ``msg`` to it, confirmed. Published
+        on a channel of its own, it reaches the queue up to ``ROUTING_LAG`` after a later
+        request on another channel (a channel is a process of its own in RabbitMQ)."""
+        lag = self.broker.world.rng.uniform(0.0, ROUTING_LAG)
+        self._call(lambda: self.broker.publish_parked(queue, msg), done, lag)
+
+    def declare(self, queue: str, done: Callable[[str], None]) -> None:
+        """Declare a durable queue (nothing if it exists)."""
+        self._call(lambda: self.broker.declare(queue), done)
+
+    def dead_letter(self, msg: Msg, done: Callable[[str], None]) -> None:
+        """Publish ``msg`` to the dead-letter exchange, confirmed."""
+        self._call(lambda: self.broker.dead_letter(msg), done)
+
     def ack(self, channel: int, tag: int, multiple: bool) -> None:
         if self.client_open:
             self.up.send(lambda: self.broker.ack(self, channel, tag, multiple))
@@ -138,7 +154,9 @@ class Connection:
             self.up.send(lambda: self.broker.close_connection(self, "closed by the client"))
             self._fail_waiting()
 
-    def _call(self, request: Callable[[], str], done: Callable[[str], None]) -> None:
+    def _call(
+        self, request: Callable[[], str], done: Callable[[str], None], lag: float = 0.0
+    ) -> None:
         """A request and its answer; once the client's end closes, every request still
         waiting fails ("connection closed"), as aiormq's do."""
         if not self.client_open:
@@ -157,7 +175,18 @@ class Connection:
             answer = request() if self.open else "connection closed"
             self.down.send(lambda: answered(answer))
 
-        self.up.send(at_broker)
+        def routed_later() -> None:  # taken in while the connection was open: routed anyway
+            if not self.open:
+                at_broker()
+                return
+
+            def route() -> None:
+                answer = request()
+                self.down.send(lambda: answered(answer))
+
+            self.broker.world.after(lag, route)
+
+        self.up.send(routed_later if lag else at_broker)
 
     def _fail_waiting(self) -> None:
         waiting, self._waiting = self._waiting, {}
@@ -204,6 +233,7 @@ class Broker:
         self.api_failing = False
         self.api_delay = 0.0
         self._published = 0
+        self.moved = 0  # messages published to parking queues
         self.on_consumers: Callable[[str, list[int]], None] | None = None
         self.on_connect: Callable[[str], None] | None = None  # the name of each new connection
         self.on_closed: list[Callable[[str], None]] = []  # the event exchange's subscribers
@@ -432,6 +462,27 @@ class Broker:
         queue.ready.append(Msg(self._published, key, seq))
         self._dispatch(queue)
         return True
+
+    # ------------------------------------------------------------ parked keys
+    def publish_parked(self, name: str, msg: Msg) -> str:
+        """Declare the parking queue ``name`` (durable) and append a copy of ``msg`` to it:
+        a queue's order is the order of its own publishes."""
+        if not self.up:
+            return "connection closed"
+        queue = self.queues.setdefault(name, Queue(name))
+        self.moved += 1
+        self._published += 1
+        queue.ready.append(Msg(self._published, msg.key, msg.seq))
+        self._dispatch(queue)
+        return ""
+
+    def declare(self, name: str) -> str:
+        self.queues.setdefault(name, Queue(name))
+        return ""
+
+    def dead_letter(self, msg: Msg) -> str:
+        self.dead.append(msg)
+        return ""
 
     # ------------------------------------------------------------ the management API
     def listed_connections(self) -> list[str] | None:

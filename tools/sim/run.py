@@ -24,19 +24,25 @@ from tools.sim.world import World
 log = logging.getLogger("sim")
 
 
-def simulate(seed: int, steps: int, faults: list[Fault] | None = None) -> Outcome:
-    scenario = Scenario.draw(seed)
+def simulate(
+    seed: int, steps: int, faults: list[Fault] | None = None, parking: bool = True
+) -> Outcome:
+    """``parking``: False draws the seed as before parked keys (no poisoned key), as the seeds
+    kept for bugs found before them were drawn."""
+    scenario = Scenario.draw(seed, parking=parking)
     return Cluster(scenario, faults).run(steps)
 
 
-def _quiet_simulate(job: tuple[int, int]) -> Outcome:
+def _quiet_simulate(job: tuple[int, int, None, bool]) -> Outcome:
     logging.disable(logging.CRITICAL)
     return simulate(*job)
 
 
-def outcomes(seeds: Iterable[int], steps: int, jobs: int) -> Iterator[Outcome]:
+def outcomes(
+    seeds: Iterable[int], steps: int, jobs: int, parking: bool = True
+) -> Iterator[Outcome]:
     """Each seed's outcome, in seed order; ``jobs`` processes at once."""
-    work = [(seed, steps) for seed in seeds]
+    work = [(seed, steps, None, parking) for seed in seeds]
     if jobs <= 1:
         yield from (simulate(*job) for job in work)
         return
@@ -103,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", help="replay with these faults (at:kind:target:duration,...)")
     parser.add_argument("--trace", action="store_true", help="log every decision, on virtual time")
     parser.add_argument("--no-shrink", action="store_true")
+    parser.add_argument(
+        "--no-parking", action="store_true", help="seeds as drawn before parked keys (no poison)"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="processes running seeds at once")
     parser.add_argument("--json", help="write the totals here")
     args = parser.parse_args(argv)
@@ -124,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     began = time.monotonic()
     runs = (
-        outcomes(seeds, args.steps, args.jobs)
+        outcomes(seeds, args.steps, args.jobs, not args.no_parking)
         if given is None
-        else [simulate(args.seed, args.steps, given)]
+        else [simulate(args.seed, args.steps, given, not args.no_parking)]
     )
     for outcome in runs:
         seed = outcome.seed

@@ -29,6 +29,7 @@ from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
 from tools.sim.invariants import Invariants
 from tools.sim.leases import LeaseRunner
+from tools.sim.parking import Poisoning, SimParking
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker, Connection, Msg
 from tools.sim.world import Violation, World
@@ -60,6 +61,7 @@ class WorkerConfig:
     withdraw_after: float = 0.0  # 0: the worker's session timeout (the first rule)
     threads: int = 0  # the pool of plain handlers' threads (0: one per runner)
     thread_handoff: float = 0.0  # from a runner giving a thread its job to the thread running
+    hot_after: int = 0  # messages of one key in hand from which it steps aside (0: never)
 
 
 class SimWorker(Process):
@@ -72,7 +74,10 @@ class SimWorker(Process):
         invariants: Invariants,
         config: WorkerConfig,
         handler_time: Callable[[], tuple[float, bool]],
+        poisoning: Poisoning | None = None,
     ) -> None:
+        """``poisoning``: the keys whose handler fails now (None: no key ever does, and the
+        worker does not park keys)."""
         super().__init__(world, worker_id)
         self.worker_id = worker_id
         self.broker, self.zk, self.invariants, self.config = broker, zk, invariants, config
@@ -85,6 +90,7 @@ class SimWorker(Process):
             prove_returns=True,  # the simulated bucket queues are quorum queues
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
+        parking = SimParking(self, self.client, PATHS, poisoning) if poisoning else None
         self.connection: Connection | None = None
         self.contacts: dict[Connection, BrokerContact] = {}  # of its open connections
         self.runner = LeaseRunner(
@@ -98,6 +104,8 @@ class SimWorker(Process):
             config.threads,
             config.thread_handoff,
             heard=self._heard,
+            parking=parking,
+            hot_after=config.hot_after,
         )
         self._connection_numbers = itertools.count(1)
         self._names: Iterator[str] = iter(())  # the incarnation's connection names

@@ -64,6 +64,11 @@ class Lanes(Generic[T]):
     def clear(self) -> None:
         self._behind.clear()
 
+    def in_hand(self, key: str) -> int:
+        """Items of ``key`` held: its active one and those behind it."""
+        behind = self._behind.get(key)
+        return 0 if behind is None else 1 + len(behind)
+
     @property
     def active_keys(self) -> int:
         return len(self._behind)

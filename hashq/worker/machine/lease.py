@@ -3,7 +3,9 @@ run, and what is still held unacknowledged.
 
 ``BucketLease`` (``hashq.worker.bucket_lease``) feeds it what its channel delivers and carries
 out what it says; the simulator feeds it the deliveries of its broker model. A job is anything
-with a ``key``.
+with a ``key`` that says whether it came from its key's parking queue. What becomes of a job
+that is its key's active one, parked keys included, is ``ParkedKeys``'s to say
+(``hashq.worker.machine.parked_keys``): ``fate`` as a runner takes it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import enum
 from typing import Generic, Protocol, TypeVar
 
 from hashq.worker.machine.lanes import InOrder, Lanes
+from hashq.worker.machine.parked_keys import ParkedKeys
+from hashq.worker.machine.parking import Action, Fate
 
 
 class LeaseState(enum.Enum):
@@ -29,6 +33,9 @@ class Keyed(Protocol):
     @property
     def key(self) -> str: ...
 
+    @property
+    def from_parking(self) -> bool: ...
+
 
 J = TypeVar("J", bound=Keyed)
 
@@ -36,10 +43,26 @@ J = TypeVar("J", bound=Keyed)
 class LeaseCore(Generic[J]):
     """What one lease holds: deliveries in tag order, one active job per key."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        bucket: int = 0,
+        epoch: int = 0,
+        worker: str = "",
+        parks: bool = False,
+        hot_after: int = 0,
+        window: int = 0,
+    ) -> None:
+        """``parks``: the worker parks keys, so the lease reads its bucket's parked keys before
+        anything of it goes on (``ParkedKeys.load``). ``hot_after``: a key holding that many
+        messages of a full ``window`` (the prefetch) steps aside (``ParkedKeys.step_aside``);
+        0: never. Only a full window: a key ahead of the others in a window with room for
+        them holds nobody up, and moving it would cost more than running it."""
+        self.hot_after, self.window = (hot_after, window) if parks else (0, 0)
         self.state = LeaseState.CONSUMING
         self._order: InOrder[J] = InOrder()
         self._lanes: Lanes[J] = Lanes()
+        self.parked: ParkedKeys[J] = ParkedKeys(bucket, epoch, worker)
+        self.parked.loaded = not parks
         self.held = 0  # delivered, not yet acknowledged or dead-lettered
         # Insertion-ordered (not a set of objects hashed by address): the simulator replays a
         # seed exactly only if every iteration order is the same in every process.
@@ -53,31 +76,64 @@ class LeaseCore(Generic[J]):
             if self.state is LeaseState.CLOSED:
                 continue
             self.held += 1
-            if self._lanes.add(arrived.key, arrived):
+            if self._lanes.add(arrived.key, arrived) and self.parked.admit(arrived):
                 ready.append(arrived)
         return ready
+
+    def take(self) -> list[Action]:
+        """What the parked keys ask for (parked messages to dispatch among them)."""
+        return self.parked.take() if self.state is not LeaseState.CLOSED else []
 
     def may_start(self) -> bool:
         return self.state is not LeaseState.CLOSED
 
-    def started(self, job: J) -> None:
-        self._running[job] = None
+    def fate(self, job: J) -> Fate:
+        """What to do with ``job`` as a runner takes it. WAIT: it was handed to the parked keys
+        (``take`` dispatches it again when it may go on); GONE: its channel went."""
+        fate = self.parked.fate(job)
+        if fate is Fate.WAIT:
+            self.parked.wait(job)
+        return fate
 
-    def finished(self, job: J) -> J | None:
-        """``job`` was acknowledged or dead-lettered: its key's next job, now ready, if any."""
+    def started(self, job: J, fate: Fate = Fate.RUN) -> None:
+        self._running[job] = None
+        self.parked.started(job, fate)
+
+    def finished(self, job: J) -> list[J]:
+        """``job`` was acknowledged or dead-lettered: its key's next job, if ready now."""
         self._running.pop(job, None)
         if self.state is LeaseState.CLOSED:
-            return None  # the channel handed everything back: nothing is held any more
+            return []  # the channel handed everything back: nothing is held any more
+        self.parked.finished(job)
+        if job.from_parking:
+            return []
         self.held -= 1
-        return self._lanes.done(job.key)
+        in_hand = self._lanes.in_hand(job.key) - 1  # ``job`` is done
+        following = self._lanes.done(job.key)
+        if following is None:
+            return []
+        full = self.held + 1 >= self.window  # the broker sends the next one in ``job``'s place
+        if 0 < self.hot_after <= in_hand and full and self.parked.phase(job.key) is None:
+            # Between two of its messages, so that none of it runs as it steps aside.
+            self.parked.step_aside(following, in_hand)
+            return []
+        return [following] if self.parked.admit(following) else []
 
     def dropped(self, job: J) -> None:
         """``job`` will not finish here (its handler was cut off); it goes back to the queue."""
         self._running.pop(job, None)
+        self.parked.dropped(job)
+
+    def park(self, job: J, reason: str, now: float) -> None:
+        """``job``'s handler failed for good: its key is parked (``ParkedKeys.park``)."""
+        self._running.pop(job, None)
+        if self.state is not LeaseState.CLOSED:
+            self.parked.park(job, reason, now)
 
     def drain(self) -> None:
         if self.state is LeaseState.CONSUMING:
             self.state = LeaseState.DRAINING
+            self.parked.drain()
 
     def close(self) -> list[J]:
         """The channel closes: nothing is held any more. Returns the jobs still running, which
@@ -85,12 +141,13 @@ class LeaseCore(Generic[J]):
         self.state = LeaseState.CLOSED
         self._lanes.clear()
         self.held = 0
+        self.parked.close()
         return list(self._running)
 
     @property
     def idle(self) -> bool:
-        """Nothing delivered is left unfinished."""
-        return self.held == 0
+        """Nothing delivered is left unfinished (parked messages included)."""
+        return self.held == 0 and self.parked.held == 0
 
     @property
     def settled(self) -> bool:

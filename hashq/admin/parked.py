@@ -1,0 +1,131 @@
+"""``hashq parked list|show|release|drop``: the operator's tools for parked keys.
+
+A parked key's state is its record in ZooKeeper (``hashq.parked``); its messages wait in its
+parking queue. ``release`` and ``drop`` only change the record's state, with the version they
+read (so that a write of the bucket's owner in between is not lost): the owner of the key's
+bucket sees the change and does the work, in order (docs/protocol.md, "Parked keys").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NoNodeError
+
+from hashq._io.amqp import ask_queue, close_quietly, connect_amqp, connection_name
+from hashq._io.zk import close_zk, connect_zk
+from hashq.errors import ConfigError
+from hashq.parked import ParkedRecord, ParkedState, parked_name
+from hashq.records import Paths
+from hashq.settings import Settings
+from hashq.topology import Topology
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A parked key, as the operator sees it: its record and how many messages wait."""
+
+    record: ParkedRecord
+    messages: int | None  # ready in its parking queue (None: the queue did not answer)
+
+    def summary(self) -> dict[str, Any]:
+        record = self.record
+        return {
+            "key": record.key,
+            "bucket": record.bucket,
+            "state": record.state.value,
+            "messages": self.messages,
+            "since": _iso(record.since),
+            "reason": record.reason,
+            "worker": record.worker,
+        }
+
+
+async def parked_keys(settings: Settings, key: str | None = None) -> list[Parked]:
+    """Every parked key of the app (or ``key`` only), with its parking queue's depth."""
+    topology = Topology.from_settings(settings)
+    records = await asyncio.to_thread(_read, settings, key)
+    connection = await connect_amqp(settings, connection_name("parked"))
+    try:
+        found = []
+        for record in records:
+            answer = await ask_queue(connection, topology.parking_queue(record.key))
+            found.append(Parked(record, answer[0] if answer is not None else None))
+        return found
+    finally:
+        await close_quietly(connection)
+
+
+def _read(settings: Settings, key: str | None) -> list[ParkedRecord]:
+    paths, topology = Paths(settings.app), Topology.from_settings(settings)
+    zk = connect_zk(settings, "coordinator")
+    try:
+        if key is not None:
+            names = [parked_name(topology.bucket_of(key), key)]
+        else:
+            try:
+                names = sorted(zk.get_children(paths.parked))
+            except NoNodeError:
+                return []
+        records = []
+        for name in names:
+            try:
+                records.append(ParkedRecord.decode(zk.get(f"{paths.parked}/{name}")[0]))
+            except NoNodeError:
+                continue  # released meanwhile
+        return records
+    finally:
+        close_zk(zk)
+
+
+async def change_state(settings: Settings, key: str, state: ParkedState) -> ParkedRecord:
+    """Set ``key``'s record to ``state``; ``ConfigError`` if the key is not parked."""
+    return await asyncio.to_thread(_change_state, settings, key, state)
+
+
+def _change_state(settings: Settings, key: str, state: ParkedState) -> ParkedRecord:
+    topology = Topology.from_settings(settings)
+    path = f"{Paths(settings.app).parked}/{parked_name(topology.bucket_of(key), key)}"
+    zk: KazooClient = connect_zk(settings, "coordinator")
+    try:
+        while True:
+            try:
+                data, stat = zk.get(path)
+                record = ParkedRecord.decode(data)
+                if record.state is not state:
+                    zk.set(path, record.to(state).encode(), stat.version)
+                return record.to(state)
+            except NoNodeError:
+                raise ConfigError(f"key {key!r} is not parked in app {settings.app!r}") from None
+            except BadVersionError:
+                continue  # its owner wrote it meanwhile: read it again
+    finally:
+        close_zk(zk)
+
+
+def render(parked: list[Parked]) -> str:
+    if not parked:
+        return "no parked keys"
+    rows = [("KEY", "BUCKET", "STATE", "MESSAGES", "SINCE", "REASON")]
+    for one in parked:
+        s = one.summary()
+        messages = "?" if s["messages"] is None else f"{s['messages']:,}"
+        rows.append((s["key"], str(s["bucket"]), s["state"], messages, s["since"], s["reason"]))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])), row[5]]).rstrip()
+        for row in rows
+    )
+
+
+def as_json(parked: list[Parked]) -> str:
+    return json.dumps([one.summary() for one in parked], indent=2)
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds") if moment else ""

@@ -17,11 +17,11 @@ from hashq.worker.machine.parking import (
     Dispatch,
     J,
     Outcome,
+    ParkedKey,
     ParkPhase,
     RecordOp,
     StopParked,
     WriteRecord,
-    _Key,
 )
 
 log = logging.getLogger(__name__)
@@ -35,20 +35,20 @@ class KeyPhases(Generic[J]):
         self.bucket, self.epoch, self.worker = bucket, epoch, worker
         self.loaded = False  # the records were read: until then nothing of the bucket goes on
         self.draining = False
-        self._keys: dict[str, _Key[J]] = {}
+        self._keys: dict[str, ParkedKey[J]] = {}
         self._out: list[Action] = []
 
-    def _claim(self, parked: _Key[J]) -> None:
+    def _claim(self, parked: ParkedKey[J]) -> None:
         self._to(parked, ParkPhase.CLAIMING)
         record = parked.record.claimed(self.epoch)
         self._write(parked, RecordOp.SET, record)
 
-    def _next_parked(self, parked: _Key[J]) -> None:
+    def _next_parked(self, parked: ParkedKey[J]) -> None:
         if parked.queue:
             parked.active = parked.queue.popleft()
             self._out.append(Dispatch(parked.active))
 
-    def _progress(self, parked: _Key[J]) -> None:
+    def _progress(self, parked: ParkedKey[J]) -> None:
         """Ask the parking queue whether it holds anything, when that can prove it empty: the
         consumer confirmed, nothing of it held, and (emptying) nothing of the key moving."""
         if parked.phase not in (ParkPhase.RELEASING, ParkPhase.EMPTYING):
@@ -58,7 +58,7 @@ class KeyPhases(Generic[J]):
         if parked.confirmed and parked.held == 0 and not parked.asking and not self.draining:
             self._ask(parked, 0.0)
 
-    def _ask(self, parked: _Key[J], after: float) -> None:
+    def _ask(self, parked: ParkedKey[J], after: float) -> None:
         parked.asking = True
         self._out.append(AskParked(parked.key, after))
 
@@ -97,7 +97,7 @@ class KeyPhases(Generic[J]):
         if record is not None and version > parked.version:
             self._adopt(parked, record, version)
 
-    def _adopt(self, parked: _Key[J], record: ParkedRecord | None, version: int) -> None:
+    def _adopt(self, parked: ParkedKey[J], record: ParkedRecord | None, version: int) -> None:
         """What a read found: nothing, a record claimed at a higher epoch (the key is lost to a
         newer owner), at a lower one (claim it), or at this one (its state applies)."""
         if record is None:
@@ -114,7 +114,7 @@ class KeyPhases(Generic[J]):
             else:
                 self._apply_state(parked)
 
-    def _gone(self, parked: _Key[J], deleted: bool) -> None:
+    def _gone(self, parked: ParkedKey[J], deleted: bool) -> None:
         """No record. Unparking, or claiming one a former owner deleted once it proved its
         queue empty: the key flows. Else it was deleted under a parked key: written again."""
         if parked.phase is ParkPhase.UNPARKING or (
@@ -129,12 +129,12 @@ class KeyPhases(Generic[J]):
             WriteRecord(parked.key, RecordOp.CREATE, parked.record.claimed(self.epoch))
         )
 
-    def _lose(self, parked: _Key[J]) -> None:
+    def _lose(self, parked: ParkedKey[J]) -> None:
         self._stop_consuming(parked)
         self._to(parked, ParkPhase.LOST)
         parked.waiting = None
 
-    def _apply_state(self, parked: _Key[J]) -> None:
+    def _apply_state(self, parked: ParkedKey[J]) -> None:
         """The record's state, at this epoch: the phase it asks for."""
         state = parked.record.state
         if parked.phase in (ParkPhase.UNPARKING, ParkPhase.LOST):
@@ -152,22 +152,24 @@ class KeyPhases(Generic[J]):
         self._let_go(parked)
         self._progress(parked)
 
-    def _write(self, parked: _Key[J], op: RecordOp, record: ParkedRecord | None = None) -> None:
+    def _write(
+        self, parked: ParkedKey[J], op: RecordOp, record: ParkedRecord | None = None
+    ) -> None:
         if record is not None:
             parked.record = record
         self._out.append(WriteRecord(parked.key, op, record, parked.version))
 
     # ------------------------------------------------------------ helpers
-    def _consume(self, parked: _Key[J]) -> None:
+    def _consume(self, parked: ParkedKey[J]) -> None:
         parked.consuming, parked.confirmed = True, False
         self._out.append(ConsumeParked(parked.key))
 
-    def _stop_consuming(self, parked: _Key[J]) -> None:
+    def _stop_consuming(self, parked: ParkedKey[J]) -> None:
         if parked.consuming:
             self._out.append(StopParked(parked.key))
         self._forget_stream(parked)
 
-    def _forget_stream(self, parked: _Key[J]) -> None:
+    def _forget_stream(self, parked: ParkedKey[J]) -> None:
         """The parking channel is gone: what it held went back to the parking queue, and the
         parked message still running is cut off."""
         if parked.running is not None:
@@ -178,13 +180,13 @@ class KeyPhases(Generic[J]):
         parked.queue.clear()
         parked.active, parked.held = None, 0
 
-    def _let_go(self, parked: _Key[J]) -> None:
+    def _let_go(self, parked: ParkedKey[J]) -> None:
         """The phase lets the key's waiting bucket message go on (moving)."""
         if parked.moves and parked.waiting is not None:
             job, parked.waiting = parked.waiting, None
             self._out.append(Dispatch(job))
 
-    def _to_flowing(self, parked: _Key[J], deleted: bool) -> None:
+    def _to_flowing(self, parked: ParkedKey[J], deleted: bool) -> None:
         log.info(
             "bucket %d epoch %d: a parked key flows again (%s)",
             self.bucket,
@@ -195,7 +197,7 @@ class KeyPhases(Generic[J]):
         if parked.waiting is not None:
             self._out.append(Dispatch(parked.waiting))
 
-    def _to(self, parked: _Key[J], phase: ParkPhase) -> None:
+    def _to(self, parked: ParkedKey[J], phase: ParkPhase) -> None:
         """The one transition of a parked key's phase: logged with the lease's epoch."""
         if parked.phase is not phase:
             log.debug(

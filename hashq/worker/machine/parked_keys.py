@@ -13,11 +13,11 @@ from hashq.worker.machine.parking import (
     Dispatch,
     Fate,
     J,
+    ParkedKey,
     ParkPhase,
     RecordOp,
     WatchRecord,
     WriteRecord,
-    _Key,
 )
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class ParkedKeys(KeyPhases[J]):
         messages that waited for the read go on."""
         self.loaded = True
         for record, version in found:
-            parked: _Key[J] = _Key(record, version=version)
+            parked: ParkedKey[J] = ParkedKey(record, version=version)
             self._keys[record.key] = parked
             self._out.append(WatchRecord(record.key))
             self._adopt(parked, record, version)
@@ -143,7 +143,7 @@ class ParkedKeys(KeyPhases[J]):
         if parked.cut is job:
             self._stopped(parked)
 
-    def _stopped(self, parked: _Key[J]) -> None:
+    def _stopped(self, parked: ParkedKey[J]) -> None:
         """The parked message cut off has stopped: its parking queue may be consumed again."""
         parked.cut = None
         if parked.phase in (ParkPhase.RELEASING, ParkPhase.EMPTYING) and not parked.consuming:
@@ -189,12 +189,12 @@ class ParkedKeys(KeyPhases[J]):
     def _park_new(self, job: J, state: ParkedState, reason: str, now: float, why: str) -> None:
         """Park ``job``'s key, not parked here yet, ``job`` (its active message) first."""
         record = ParkedRecord(job.key, self.bucket, state, self.epoch, reason, now, self.worker)
-        self._keys[job.key] = _Key(record, creating=True, waiting=job)
+        self._keys[job.key] = ParkedKey(record, creating=True, waiting=job)
         self._out.append(WatchRecord(job.key))
         self._to(self._keys[job.key], ParkPhase.CLAIMING)
         self._out.append(WriteRecord(job.key, RecordOp.CREATE, record, why=why))
 
-    def _park_again(self, parked: _Key[J]) -> None:
+    def _park_again(self, parked: ParkedKey[J]) -> None:
         """A released message failed for good: the key is parked again, the failed message
         first in its parking queue (its channel is closed, so it goes back there)."""
         self._stop_consuming(parked)

@@ -165,7 +165,7 @@ Action = WriteRecord | WatchRecord | Queue | CutOff[Any] | Dispatch[Any]
 
 
 @dataclass(eq=False)
-class _Key(Generic[J]):
+class ParkedKey(Generic[J]):
     """One parked key of the lease."""
 
     record: ParkedRecord

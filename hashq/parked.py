@@ -39,6 +39,9 @@ class ParkedState(enum.Enum):
     """Its parked messages go to the dead-letter exchange; then the key flows again."""
 
 
+KEY_HEADER = "x-hashq-key"  # a parked message's key (its routing key is its queue's name)
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:PARKED_DIGEST_CHARS]
 

@@ -285,6 +285,11 @@ class BucketLease:
         return len(self._core.parked.keys)
 
     @property
+    def parking_unread(self) -> str | None:
+        """Why its parked keys could not be read yet, if so: nothing of the bucket starts."""
+        return self._parking.unread if self._parking is not None else None
+
+    @property
     def running(self) -> int:
         return self._core.running
 

@@ -268,7 +268,6 @@ class Outcomes:
         try:
             await job.lease.move(job)
         except Exception as exc:
-            job.lease.dropped(job)
             log.warning(
                 "bucket %d: moving a parked key's message failed (%r); retrying",
                 job.lease.bucket,
@@ -280,6 +279,12 @@ class Outcomes:
         self.settle(job)
 
     def _retry_later(self, job: Job, delay: float) -> None:
+        """``job`` runs again after ``delay`` if its lease still consumes. Meanwhile it does not
+        run: counted as running, a lease whose channel closed would wait for it for ever, and
+        its bucket would be neither consumed again nor released (the simulator's runners do
+        the same, ``tools.sim.leases``)."""
+        job.lease.dropped(job)
+
         def again() -> None:
             if job.lease.may_start(job):
                 self._dispatch(job)

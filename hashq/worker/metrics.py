@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -47,6 +48,19 @@ class Durations:
         return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.sum)
 
 
+class LeaseGauges(Protocol):
+    """What the gauges read of each bucket lease (``hashq.worker.bucket_lease.BucketLease``)."""
+
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def parked_keys(self) -> int: ...
+    @property
+    def parking_unread(self) -> str | None: ...
+
+
 class WorkerMetrics(Collector):
     """The worker's counts; the runners and the worker report into it."""
 
@@ -71,19 +85,20 @@ class WorkerMetrics(Collector):
     def watch(
         self,
         grants: Callable[[], int],
-        running: Callable[[], int],
-        waiting: Callable[[], int],
+        leases: Callable[[], Iterable[LeaseGauges]],
         zk_connected: Callable[[], bool],
         starved: Callable[[], int] = lambda: 0,
-        parked_keys: Callable[[], int] = lambda: 0,
     ) -> None:
         """The gauges, as functions of the worker's state called at scrape time."""
         self.gauges = {
             "hashq_grants_held": ("Buckets this worker consumes", grants),
-            "hashq_messages_in_flight": ("Handlers running now", running),
+            "hashq_messages_in_flight": (
+                "Handlers running now",
+                lambda: sum(lease.running for lease in leases()),
+            ),
             "hashq_messages_waiting_for_key": (
                 "Messages held back until the one before them of the same key finished",
-                waiting,
+                lambda: sum(lease.waiting for lease in leases()),
             ),
             "hashq_zookeeper_connected": (
                 "1 while the ZooKeeper session is connected",
@@ -94,7 +109,15 @@ class WorkerMetrics(Collector):
                 "messages ready (hashq.worker.starvation)",
                 starved,
             ),
-            "hashq_parked_keys": ("Parked keys of the buckets this worker consumes", parked_keys),
+            "hashq_parked_keys": (
+                "Parked keys of the buckets this worker consumes",
+                lambda: sum(lease.parked_keys for lease in leases()),
+            ),
+            "hashq_buckets_parking_unread": (
+                "Buckets consumed that start nothing: their parked keys could not be read from "
+                "ZooKeeper yet",
+                lambda: sum(lease.parking_unread is not None for lease in leases()),
+            ),
         }
 
     def collect(self) -> Iterator[Metric]:

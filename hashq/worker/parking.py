@@ -24,7 +24,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import DataWatch
 
 from hashq.errors import ServiceUnavailable
-from hashq.parked import ParkedRecord, bucket_of_parked_name, parked_name
+from hashq.parked import KEY_HEADER, ParkedRecord, bucket_of_parked_name, parked_name
 from hashq.records import Paths
 from hashq.topology import Topology
 from hashq.worker.jobs import Job, Lease
@@ -35,7 +35,6 @@ from hashq.worker.metrics import WorkerMetrics
 log = logging.getLogger(__name__)
 
 PARKED_PREFETCH = 16  # parked messages run one at a time: a few ahead is enough
-KEY_HEADER = "x-hashq-key"  # a parked message's key (its routing key is its queue's name)
 Answer = tuple[pk.Outcome, ParkedRecord | None, int]
 
 
@@ -62,9 +61,13 @@ class ParkedRecords:
         for name in names:
             if bucket_of_parked_name(name) != bucket:
                 continue
+            path = f"{self._paths.parked}/{name}"
             with contextlib.suppress(NoNodeError):
-                data, stat = self._zk.get(f"{self._paths.parked}/{name}")
-                found.append((ParkedRecord.decode(data), stat.version))
+                data, stat = self._zk.get(path)
+                try:
+                    found.append((ParkedRecord.decode(data), stat.version))
+                except ValueError as exc:
+                    raise ValueError(f"{path}: {exc}") from None
         return found
 
     async def write(self, bucket: int, action: pk.WriteRecord) -> Answer:
@@ -182,6 +185,7 @@ class LeaseParking:
         self._watches: dict[str, Callable[[], None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.unread: str | None = None  # why its parked keys could not be read yet, if so
 
     def start(self, connection: AbstractConnection) -> None:
         """Read the bucket's parked keys (nothing of the bucket goes on until then)."""
@@ -193,16 +197,30 @@ class LeaseParking:
             try:
                 found = await self._records.of_bucket(self._lease.bucket)
             except Exception as exc:
-                log.warning(
-                    "bucket %d: reading its parked keys failed (%r); retrying",
-                    self._lease.bucket,
-                    exc,
-                )
+                self._unreadable(exc)
                 await asyncio.sleep(pk.ASK_AGAIN_SECONDS)
                 continue
+            if self.unread is not None:
+                log.info("bucket %d: its parked keys are read; it goes on", self._lease.bucket)
+                self.unread = None
             self._core.parked.load(found)
             self.act()
             return
+
+    def _unreadable(self, exc: Exception) -> None:
+        """Said once, and in readiness and ``hashq_buckets_parking_unread`` while it lasts: a
+        bucket whose parked keys are unknown starts nothing, since any key may be parked."""
+        if self.unread is None:
+            log.error(
+                "bucket %d: cannot read its parked keys (%s); it starts nothing until they "
+                "are read, retrying every %.2f s",
+                self._lease.bucket,
+                exc,
+                pk.ASK_AGAIN_SECONDS,
+            )
+        else:
+            log.debug("bucket %d: reading its parked keys: %r", self._lease.bucket, exc)
+        self.unread = str(exc) or repr(exc)
 
     def act(self) -> None:
         for action in self._core.take():

@@ -87,11 +87,9 @@ class Worker:
         self.metrics = WorkerMetrics([state.value for state in WorkerState])
         self.metrics.watch(  # read when scraped, so the hot path does not keep them
             grants=lambda: len(self.machine.consuming()),
-            running=lambda: sum(lease.running for lease in self._leases.values()),
-            waiting=lambda: sum(lease.waiting for lease in self._leases.values()),
+            leases=self._leases.values,
             zk_connected=lambda: self.machine.zk_link,
             starved=lambda: len(self._starvation.starved),
-            parked_keys=lambda: sum(lease.parked_keys for lease in self._leases.values()),
         )
         self._runners = Runners.for_worker(  # after the metrics, which they count into
             settings, handler, self._dead_letters, self.metrics, self._watchdog.awake, self._contact
@@ -116,6 +114,9 @@ class Worker:
         if self._starvation.starved:
             starved = sorted(self._starvation.starved)
             return False, f"worker {self.worker_id}: buckets {starved} get nothing from full queues"
+        unread = sorted(lease.bucket for lease in self._leases.values() if lease.parking_unread)
+        if unread:
+            return False, f"worker {self.worker_id}: buckets {unread} cannot read their parked keys"
         return True, f"worker {self.worker_id} consumes {len(self.machine.consuming())} buckets"
 
     def post(self, event: ev.Event) -> None:

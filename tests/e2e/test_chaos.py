@@ -1,10 +1,11 @@
-"""The short chaos run: hashq, then the naive re-split design, under one fixed-seed fault
-schedule drawn from the chaos faults (worker kills, stops, leader kills, broker and ZooKeeper
-restarts, a worker cut off ZooKeeper, rolling restarts, clock steps) and a workload whose long
-handlers outlast the drain timeout and the broker's consumer_timeout, judged by the independent
-checker. The naive design's counts are reported beside hashq's; whether it reorders in so short a
-run is chance, so the proof that the checks can fail is elsewhere (tests/unit/test_checker.py, and
-the simulation's mutations in docs/guarantees.md)."""
+"""The short chaos run: hashq, then the naive re-split design, under one fixed-seed fault schedule
+drawn from the chaos faults (worker kills, stops, leader kills, broker and ZooKeeper restarts, a
+worker cut off ZooKeeper, rolling restarts, clock steps) and a workload whose long handlers
+outlast the drain timeout and the broker's consumer_timeout, with three poison keys that hashq
+parks and the run releases, judged by the independent checker. The naive design's counts are
+reported beside hashq's; whether it reorders in so short a run is chance, so the proof that the
+checks can fail is elsewhere (tests/unit/test_checker.py, and the simulation's mutations in
+docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_short_chaos_run_loses_and_reorders_nothing(
     assert hashq["reordered"] == 0, summary
     assert (hashq["overlapping_same_epoch"], hashq["overlapping_stale"]) == (0, 0), summary
     assert hashq["stale_starts"] == 0, summary
-    assert hashq["dead_lettered"] == 0, summary  # the chaos handler never fails
+    assert hashq["dead_lettered"] == 0, summary  # its poison keys park: nothing is dropped
     assert hashq["confirmed"] > 5_000, summary
     faults = designs["hashq"]["faults"]
     assert [f["fault"] for f in faults] == [logged for _, logged in SCHEDULE], summary
@@ -127,6 +128,12 @@ def test_short_chaos_run_loses_and_reorders_nothing(
     # broker's consumer_timeout (4 s in the run) closing channels under them: all of it above.
     held = designs["hashq"]["workload"]
     assert held["past_drain_timeout_in_threads"] >= 1 and held["consumer_timeouts"] >= 1, held
+    # Three poison keys (tools.chaos.poison) parked under the faults, released and parked again,
+    # then released: the checks above cover each of their messages, run in order.
+    poison = designs["hashq"]["poison"]
+    assert poison["parked_failed"] >= 3 and sum(poison["released"].values()) >= 3, poison
+    ran = read_appended(tmp_path / "hashq" / "executions.jsonl")
+    assert {run["key"] for run in ran if run.get("outcome") == "failed"} == set(poison["keys"])
     # A worker's wall clock stepped by minutes, then the leader's: the records (kept in true
     # time) show handlers that ran under it, and everything above held.
     assert held["under_stepped_clock"] >= 1, held

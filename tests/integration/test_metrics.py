@@ -17,14 +17,17 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from hashq._io.health import HealthServer
+from hashq.parked import parked_name
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.topology import Topology
 from hashq.worker.starvation import STARVED_AFTER
 from tests.support.grants import Grants
+from tests.support.helpers import hashq
 from tests.support.workers import (
     StartWorker,
     WorkerProcess,
+    read_appended,
     start_coordinator,
     wait_for_executions,
 )
@@ -186,3 +189,37 @@ async def test_a_bucket_its_queue_does_not_feed_is_reported_until_it_is_fed(
     assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
     await eventually(lambda: get(port, "/readyz")[0] == 200, STARVED_AFTER / 2)  # fed again
     assert total(scrape(port), "hashq_buckets_starved") == 0
+
+
+async def test_a_bucket_whose_parked_keys_cannot_be_read_starts_nothing_and_says_so(
+    initialized: Settings, grants: Grants, start_worker: StartWorker, record: Path
+) -> None:
+    """Any key of a bucket may be parked until its records are read, so a bucket whose records
+    do not read (one damaged by hand, here) starts nothing: that must show in readiness and in
+    ``hashq_buckets_parking_unread`` at once, and the bucket must go on, losing nothing, once
+    the record is mended."""
+    port = free_port()
+    damaged = f"{grants.paths.parked}/{parked_name(0, 'some-key')}"
+    grants.zk.create(damaged, b"{not json", makepath=True)
+    start_worker("w1", HASHQ_METRICS_PORT=str(port))
+    (worker,) = grants.wait_for_workers(1)
+    messages, expected = workload(keys=200, per_key=3)
+    await publish(initialized, messages)
+    grants.assign(worker, dict.fromkeys(range(initialized.buckets), 1))
+    status, reason = await eventually(
+        lambda: get(port, "/readyz"), 20, until=lambda r: "parked" in r[1]
+    )
+    assert (status, reason) == (503, "worker w1: buckets [0] cannot read their parked keys\n")
+    assert total(scrape(port), "hashq_buckets_parking_unread") == 1
+    listed = await asyncio.to_thread(hashq, initialized, "parked", "list")
+    assert listed.returncode != 0 and f"{damaged}: unreadable parked record" in listed.stderr
+    topology = Topology.from_settings(initialized)
+    others = {key: n for key, n in expected.items() if topology.bucket_of(key) != 0}
+    await asyncio.to_thread(wait_for_executions, record, others, 60)  # the other buckets flow
+    assert not {r["key"] for r in read_appended(record)} - set(others)  # bucket 0 starts nothing
+
+    grants.zk.delete(damaged)
+    report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
+    assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
+    await eventually(lambda: get(port, "/readyz")[0] == 200, 10)
+    assert total(scrape(port), "hashq_buckets_parking_unread") == 0

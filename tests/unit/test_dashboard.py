@@ -14,7 +14,7 @@ DASHBOARD = ROOT / "docs" / "grafana-dashboard.json"
 
 def served() -> set[str]:
     worker = WorkerMetrics(["running"])
-    worker.watch(lambda: 0, lambda: 0, lambda: 0, lambda: True)
+    worker.watch(lambda: 0, lambda: (), lambda: True)
     for counts in (worker.processed, worker.failed, worker.retried, worker.moved):
         counts[0] += 1  # labelled series show only once they have a sample
     worker.dead_lettered[0, "handler-failed"] += 1

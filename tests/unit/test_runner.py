@@ -51,6 +51,27 @@ async def test_a_thread_handler_cut_off_twice_is_waited_for_until_it_returns() -
     await runners.close()
 
 
+async def test_a_job_waiting_for_its_retry_does_not_keep_its_closed_lease_waiting() -> None:
+    """A handler failed and its retry waits: the job must not count as running, or a lease
+    closed meanwhile (its channel closed by the broker's consumer_timeout, in the chaos run with
+    poison keys) waits for it for ever, and its bucket is neither consumed again nor released."""
+    attempts: list[int] = []
+
+    async def handler(message: Message) -> None:
+        attempts.append(message.attempt)
+        raise RuntimeError("broken")
+
+    runners = _runners(handler, concurrency=1, threads=1)
+    runners.start()
+    lease = _Lease()
+    runners.dispatch(_job(lease, 1))
+    await asyncio.sleep(0.05)  # it failed; its retry waits (RetryPolicy's base delay)
+    assert attempts == [1]
+    assert lease.running == [], "a job waiting for its retry counted as running"
+    lease.close()
+    await runners.close()
+
+
 class _Lease:
     """As much of a bucket lease as the runners use: it may start jobs until it closes."""
 

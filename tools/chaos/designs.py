@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 
 from hashq.admin.apps import remove, remove_app
+from hashq.parked import KEY_HEADER
 from hashq.provision import ensure_topology
 from hashq.settings import Settings
 from hashq.topology import Topology
@@ -81,9 +82,11 @@ DESIGNS = {
 
 
 async def leftovers(settings: Settings, queues: list[str]) -> set[tuple[str, int]]:
-    """Empty ``queues`` (at the end of a run) and return the (key, seq) of what they held."""
+    """Empty ``queues`` (at the end of a run) and return the (key, seq) of what they held: a
+    parking queue's messages (``hashq.parked``) carry their key in a header."""
     found: set[tuple[str, int]] = set()
     for name in queues:
         for message in await take_all(settings, name):
-            found.add((str(message.routing_key), int(json.loads(message.body)["seq"])))
+            key = (message.headers or {}).get(KEY_HEADER) or message.routing_key  # parked: its key
+            found.add((str(key), int(json.loads(message.body)["seq"])))
     return found

@@ -5,7 +5,8 @@ execution appended to the file named by HASHQ_CHAOS_RECORD (see
 
 hashq's chaos workers run ``record`` (a coroutine, cancelled when its bucket is cut off) or
 ``record_in_thread`` (a plain function in a thread, which nothing can stop: the zombie that
-outlives its drain timeout and its channel)."""
+outlives its drain timeout and its channel). Either fails, recorded as failed, for a key the run
+has poisoned (``tools.chaos.poison``)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from typing import Any
 
 from hashq.message import Message
 from tools.chaos.clock import true_offset
+from tools.chaos.poison import Poisoned, PoisonFile
 from tools.executions import append_record
 
 _TRUE_OFFSET = true_offset()
+_POISON = PoisonFile()
 
 
 def _now() -> float:
@@ -42,6 +45,7 @@ async def execute(
 async def record(msg: Message) -> None:
     """The handler hashq's chaos workers run."""
     first_line = _now()
+    _fail_if_poisoned(msg, first_line)
     await asyncio.sleep(_pause(msg.body))
     append_record("HASHQ_CHAOS_RECORD", _hashq_execution(msg, first_line))
 
@@ -49,8 +53,19 @@ async def record(msg: Message) -> None:
 def record_in_thread(msg: Message) -> None:
     """The same work as ``record``, as a plain function: hashq runs it in a thread."""
     first_line = _now()
+    _fail_if_poisoned(msg, first_line)
     time.sleep(_pause(msg.body))
     append_record("HASHQ_CHAOS_RECORD", {**_hashq_execution(msg, first_line), "thread": True})
+
+
+def _fail_if_poisoned(msg: Message, first_line: float) -> None:
+    """A poison key's message fails (``tools.chaos.poison``), recorded as failed."""
+    try:
+        _POISON.check(msg.key)
+    except Poisoned:
+        failed = {**_hashq_execution(msg, first_line), "outcome": "failed"}
+        append_record("HASHQ_CHAOS_RECORD", failed)
+        raise
 
 
 def _hashq_execution(msg: Message, first_line: float) -> dict[str, Any]:

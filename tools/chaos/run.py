@@ -38,7 +38,9 @@ from tools.chaos.clock import OFFSET_VARIABLE, Clocks, true_offset
 from tools.chaos.designs import DESIGNS, Design, leftovers
 from tools.chaos.faults import DRAIN_SECONDS, FAULT_KINDS, SESSION_SECONDS, Chaos
 from tools.chaos.network import Network
+from tools.chaos.poison import Poisons, draw_keys, worker_env
 from tools.chaos.recovery import recoveries
+from tools.chaos.report import print_table
 from tools.chaos.tally import Tally
 from tools.checker import judge
 from tools.executions import read_all, read_appended
@@ -64,6 +66,10 @@ async def run_design(
 ) -> dict[str, Any]:
     files = Files(Path(args.out) / design.name)
     await design.prepare(settings)
+    poisons = None
+    if design.coordinated and args.poison:  # the baselines have no parking
+        keys = draw_keys(args.seed, args.keys, args.poison)
+        poisons = Poisons(settings, files.folder, keys, args.duration, args.seed)
     fleet = Fleet(
         settings,
         files.folder,
@@ -72,6 +78,7 @@ async def run_design(
             "HASHQ_DRAIN_TIMEOUT": str(DRAIN_SECONDS),  # the publishers' holds outlast it
             "HASHQ_CHAOS_RECORD": str(files.record),
             OFFSET_VARIABLE: repr(true_offset()),  # records keep true times under a stepped clock
+            **(worker_env(poisons.path) if poisons else {}),
         },
     )
     schedule = args.faults.split(",") if args.faults else None
@@ -96,14 +103,15 @@ async def run_design(
             argv = publisher_argv(design, settings, args, files, number, client)
             fleet.start(name, *argv, env=await network.attach(name))
         tally = Tally(files.confirmed, files.record)
-        await faults_until(chaos, args, tally)
-        await drain_until_done(chaos, tally, args.drain)
+        await faults_until(chaos, args, tally, poisons)
+        await drain_until_done(chaos, tally, args.drain, poisons)
     finally:
         await asyncio.to_thread(fleet.stop_all)
         await network.close()
     executions = read_appended(files.record)
     dead = await leftovers(settings, [q for q in [design.dead_letter_queue(settings)] if q])
-    queued = await leftovers(settings, design.queues(settings))
+    parking = poisons.parking_queues() if poisons else []
+    queued = await leftovers(settings, design.queues(settings) + parking)
     verdict = judge(read_all(files.confirmed), executions, dead, queued)
     if not args.keep:
         await design.remove(settings)
@@ -113,6 +121,7 @@ async def run_design(
         "verdict": verdict.to_json(),
         "recovery": recoveries(chaos.log, executions),
         "workload": workload(executions, files.folder),
+        "poison": poisons.report(files.folder) if poisons else None,
     }
 
 
@@ -177,7 +186,9 @@ def publisher_argv(
     ]
 
 
-async def faults_until(chaos: Chaos, args: argparse.Namespace, tally: Tally) -> None:
+async def faults_until(
+    chaos: Chaos, args: argparse.Namespace, tally: Tally, poisons: Poisons | None
+) -> None:
     """Faults for ``--duration`` seconds, and a given schedule to its end even past them (how
     long its faults take depends on the machine), then the publishers are told to stop: the
     load lasts as long as the faults, the last one included."""
@@ -188,6 +199,8 @@ async def faults_until(chaos: Chaos, args: argparse.Namespace, tally: Tally) -> 
             await chaos.one()
             next_fault = time.monotonic() + chaos.rng.uniform(args.gap / 2, args.gap * 1.5)
         await asyncio.to_thread(progress, chaos.fleet, tally, started)  # the links go on
+        if poisons:
+            await poisons.tick(time.monotonic() - started)
         await asyncio.sleep(2.0)
     if (overrun := time.monotonic() - started - args.duration) > 1:
         capped = (
@@ -200,17 +213,25 @@ async def faults_until(chaos: Chaos, args: argparse.Namespace, tally: Tally) -> 
         chaos.fleet.signal(publisher, signal.SIGTERM)  # each confirms its last batch and exits
 
 
-async def drain_until_done(chaos: Chaos, tally: Tally, within: float) -> None:
-    """Wait (up to ``within`` seconds) until everything confirmed was executed."""
+async def drain_until_done(
+    chaos: Chaos, tally: Tally, within: float, poisons: Poisons | None
+) -> None:
+    """Wait (up to ``within`` seconds) until everything confirmed was executed, releasing the
+    poison keys, mended, as long as any is parked."""
     if len(chaos.fleet.alive("worker")) < 2:
         await chaos.start("worker")
-    deadline = time.monotonic() + within
+    started = time.monotonic()
+    deadline = started + within
+    if poisons:
+        poisons.mend_all(0.0)
     # The publishers stop on their own; their last batch is confirmed and recorded after the
     # faults end. Comparing before they exit would miss it, and stop the workers too early.
     for publisher in chaos.fleet.alive("publisher"):
         await asyncio.to_thread(chaos.fleet.processes[publisher].wait, deadline - time.monotonic())
 
     async def all_executed() -> bool:
+        if poisons:
+            await poisons.release_parked(time.monotonic() - started)
         return await asyncio.to_thread(executed_all)  # reading the records blocks; links do not
 
     def executed_all() -> bool:
@@ -231,69 +252,6 @@ def progress(fleet: Fleet, tally: Tally, started: float) -> None:
         f"  executed {tally.executions:,}"
         f"  workers {len(fleet.alive('worker'))}  coordinators {len(fleet.alive('coordinator'))}"
     )
-
-
-ROWS = [
-    ("confirmed", "confirmed"),
-    ("executions", "executions"),
-    ("keys", "keys"),
-    ("lost", "lost"),
-    ("unfinished (still queued)", "unfinished"),
-    ("reordered", "reordered"),
-    ("overlapping, same epoch/no token", "overlapping_same_epoch"),
-    ("overlapping, fenced zombie", "overlapping_zombie"),
-    ("overlapping, stale start", "overlapping_stale"),
-    ("stale starts (older epoch)", "stale_starts"),
-    ("duplicates", "duplicates"),
-    ("dead-lettered", "dead_lettered"),
-]
-
-
-def print_table(results: dict[str, dict[str, Any]]) -> None:
-    names = list(results)
-    width = max(22, *(len(results[name]["title"]) + 2 for name in names))
-    print("\n  " + " " * 34 + "".join(f"{results[n]['title']:>{width}}" for n in names))
-    print(
-        "  "
-        + f"{'faults injected':<34}"
-        + "".join(f"{len(results[n]['faults']):>{width},}" for n in names)
-    )
-    for label, field in ROWS:
-        cells = "".join(f"{results[n]['verdict'][field]:>{width},}" for n in names)
-        print(f"  {label:<34}{cells}")
-    kinds = sorted({kind for n in names for kind in results[n]["recovery"]["by_kind"]})
-    print("\n  worst time to recover, by fault (s; + buckets never recovered; after the heal)")
-    for kind in kinds:
-        cells = "".join(
-            f"{_recovered(results[n]['recovery']['by_kind'].get(kind)):>{width}}" for n in names
-        )
-        print(f"  {kind:<34}{cells}")
-    for name in names:
-        held = results[name]["workload"]
-        print(
-            f"  {name}: {held['past_drain_timeout']:,} handlers ran past the drain timeout"
-            f" ({held['past_drain_timeout_in_threads']:,} in threads);"
-            f" {held['consumer_timeouts']:,} channels closed by consumer_timeout;"
-            f" {held['under_stepped_clock']:,} executions under a stepped wall clock;"
-            f" {held.get('late_first_lines', 0):,} handlers began over 0.5 s after their start"
-        )
-    for name in names:
-        for stall in results[name]["recovery"]["stalls"][:3]:
-            causes = ", ".join(stall["causes"]) or "no fault in force"
-            stretch = f"bucket {stall['bucket']} started nothing for {stall['seconds']}s"
-            print(f"  {name}: {stretch} ({causes})")
-    for name in names:
-        for kind, examples in results[name]["verdict"]["examples"].items():
-            print(f"  {name}, e.g. {kind}: {'; '.join(examples[:3])}")
-
-
-def _recovered(summary: dict[str, Any] | None) -> str:
-    if summary is None:
-        return "-"
-    worst = "never" if summary["worst_s"] is None else f"{summary['worst_s']:.1f}"
-    stuck = summary["unrecovered_buckets"]
-    healed = summary.get("worst_after_heal_s")
-    return worst + (f" +{stuck}" if stuck else "") + ("" if healed is None else f" ({healed:.1f})")
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -359,6 +317,9 @@ def main() -> int:
         default=4.0,
         help="the broker's consumer_timeout during the run, seconds (0: the broker's own); "
         "above the longest hold, below two of them",
+    )
+    parser.add_argument(
+        "--poison", type=int, default=3, help="keys whose handler fails for a while (hashq only)"
     )
     parser.add_argument("--app")
     parser.add_argument("--out")

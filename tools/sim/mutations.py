@@ -344,6 +344,13 @@ MUTATIONS = (
         "self.parked.loaded = True",
     ),
     Mutation(
+        "retry-counted-as-running",
+        "a failed message waiting for its retry still counts as running in its lease",
+        "tools/sim/leases.py",
+        "        job.attempt += 1\n        lease.core.dropped(job)\n",
+        "        job.attempt += 1\n",
+    ),
+    Mutation(
         "unpark-unproven",
         "a released key flows again without its parking queue proving it holds nothing",
         "hashq/worker/machine/parked_keys.py",

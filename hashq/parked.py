@@ -89,6 +89,15 @@ class ParkedRecord:
             raise ValueError("unreadable parked record: unknown state") from None
         return cls(state=state, **fields)
 
+    @classmethod
+    def read(cls, path: str, data: bytes) -> ParkedRecord:
+        """``decode``, whose ``ValueError`` names the node at ``path``: a damaged record stops
+        its bucket, so whoever reads it says which one."""
+        try:
+            return cls.decode(data)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
     def claimed(self, epoch: int) -> ParkedRecord:
         return replace(self, epoch=epoch)
 

@@ -73,26 +73,19 @@ def _read(settings: Settings, key: str | None) -> list[ParkedRecord]:
             except NoNodeError:
                 return []
         records = []
-        for name in names:
+        for path in (f"{paths.parked}/{name}" for name in names):
             try:
-                records.append(
-                    _decode(f"{paths.parked}/{name}", zk.get(f"{paths.parked}/{name}")[0])
-                )
+                records.append(ParkedRecord.read(path, zk.get(path)[0]))
             except NoNodeError:
                 continue  # released meanwhile
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{exc}: its bucket starts nothing until it is mended "
+                    "(docs/operations.md, the metric hashq_buckets_parking_unread)"
+                ) from None
         return records
     finally:
         close_zk(zk)
-
-
-def _decode(path: str, data: bytes) -> ParkedRecord:
-    try:
-        return ParkedRecord.decode(data)
-    except ValueError as exc:
-        raise ConfigError(
-            f"{path}: {exc}: its bucket starts nothing until it is mended "
-            "(docs/operations.md, the metric hashq_buckets_parking_unread)"
-        ) from None
 
 
 async def change_state(settings: Settings, key: str, state: ParkedState) -> ParkedRecord:

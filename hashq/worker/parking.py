@@ -64,10 +64,7 @@ class ParkedRecords:
             path = f"{self._paths.parked}/{name}"
             with contextlib.suppress(NoNodeError):
                 data, stat = self._zk.get(path)
-                try:
-                    found.append((ParkedRecord.decode(data), stat.version))
-                except ValueError as exc:
-                    raise ValueError(f"{path}: {exc}") from None
+                found.append((ParkedRecord.read(path, data), stat.version))
         return found
 
     async def write(self, bucket: int, action: pk.WriteRecord) -> Answer:

@@ -86,6 +86,8 @@ class Paths:
         self.buckets = f"{self.root}/buckets"
         self.releases = f"{self.root}/releases"
         self.parked = f"{self.root}/parked"  # ``hashq.parked``
+        self.resize = f"{self.root}/resize"  # ``hashq.resizing``
+        self.topology = f"{self.root}/topology"  # ``hashq.topology``
 
     def worker(self, worker_id: str) -> str:
         return f"{self.workers}/{worker_id}"
@@ -198,12 +200,15 @@ class Registration:
 class Assignment:
     """The buckets one worker incarnation may consume: bucket index -> grant epoch. And
     ``incoming``: buckets moving to it (revoking or fencing with it as target), which it may
-    not consume yet; only a hint, so that it opens their channels while the old owner drains."""
+    not consume yet; only a hint, so that it opens their channels while the old owner drains.
+    ``buckets``: the app's bucket count the leader plans over (0: a leader from before resizes),
+    so that a worker started before a resize (``hashq.resizing``) takes grants of new buckets."""
 
     incarnation: str
     grants: dict[int, int] = field(default_factory=dict)
     leader_epoch: int = 0
     incoming: tuple[int, ...] = ()
+    buckets: int = 0
 
     def encode(self) -> bytes:
         fields = asdict(self)
@@ -212,6 +217,8 @@ class Assignment:
             fields["incoming"] = sorted(self.incoming)
         else:  # as before the field: older readers see the same record
             del fields["incoming"]
+        if not self.buckets:
+            del fields["buckets"]
         return json.dumps(fields, sort_keys=True).encode()
 
     @classmethod
@@ -219,7 +226,8 @@ class Assignment:
         fields = record_fields(data, "assignment")
         grants = {int(bucket): int(epoch) for bucket, epoch in fields.get("grants", {}).items()}
         incoming = tuple(int(bucket) for bucket in fields.get("incoming", ()))
-        return cls(fields["incarnation"], grants, int(fields.get("leader_epoch", 0)), incoming)
+        epoch, buckets = int(fields.get("leader_epoch", 0)), int(fields.get("buckets", 0))
+        return cls(fields["incarnation"], grants, epoch, incoming, buckets)
 
     def grants_for(self, incarnation: str) -> dict[int, int]:
         """The grants, if addressed to ``incarnation``; none otherwise."""

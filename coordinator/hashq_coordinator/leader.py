@@ -28,6 +28,7 @@ async def claim(store: Store, me: str) -> cm.Event:
     """Raise the leader epoch, tie the lead to this session, read every record and assignment."""
     try:
         leadership, version = await asyncio.to_thread(store.claim, me)
+        await asyncio.to_thread(store.bucket_count)  # so that every record is read
         records = await asyncio.to_thread(store.records)
         written = await asyncio.to_thread(store.assignments)
     except Exception as exc:
@@ -41,6 +42,7 @@ async def observe(store: Store, asked: cm.Observe, gone: Gone, holds_nothing: He
     the question has to write its registration after the version read here, and on each bucket
     queue asked about (after the fence the machine waits on, which finished before it asked)."""
     try:
+        buckets = await asyncio.to_thread(store.bucket_count)
         members = await asyncio.to_thread(store.workers)
         releases = await asyncio.to_thread(store.releases)
     except Exception as exc:
@@ -51,7 +53,7 @@ async def observe(store: Store, asked: cm.Observe, gone: Gone, holds_nothing: He
         _yes(asked.ask_gone, lambda incarnation: gone(*incarnation), QUESTION_SECONDS),
         _yes(asked.ask_held, holds_nothing, HELD_SECONDS),
     )
-    return cm.Observed(workers, releases, versions, gone_ones, emptied)
+    return cm.Observed(workers, releases, versions, gone_ones, emptied, buckets)
 
 
 async def _yes(

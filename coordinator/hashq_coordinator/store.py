@@ -28,6 +28,7 @@ from hashq.records import (
     Registration,
     parse_release_name,
 )
+from hashq.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,13 @@ class Store:
         self._alive = f"{paths.root}/leader-session-none"
 
     # ------------------------------------------------------------ reading
+    def bucket_count(self) -> int:
+        """The topology record's bucket count, which a resize raises (``hashq.resizing``);
+        the records read from now on are those of every bucket it names."""
+        data, _ = self.zk.get(self.paths.topology)
+        self.buckets = max(self.buckets, Topology.from_record(data).buckets)
+        return self.buckets
+
     def workers(self) -> dict[str, Member]:
         found = {}
         for name in self.zk.get_children(self.paths.workers):

@@ -108,6 +108,7 @@ class Job:
     attempt: int = 1
     first_failure: float | None = None
     from_parking: bool = False  # delivered from its key's parking queue (``hashq.parked``)
+    marker: int = 0  # a resize's marker: the bucket count it grows to (``hashq.resizing``)
     # While its handler runs: the runner task and the message, so that a closing lease can
     # cut the handler off.
     _handler_task: asyncio.Task[None] | None = field(default=None, repr=False)

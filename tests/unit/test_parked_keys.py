@@ -18,6 +18,7 @@ class Job:
     key: str
     n: int
     from_parking: bool = False
+    marker: int = 0
 
 
 def lease(found: list[tuple[ParkedRecord, int]] | None = None) -> LeaseCore[Job]:

@@ -17,6 +17,8 @@ from hashq.records import (
     BucketState,
     Registration,
 )
+from hashq.resizing import ResizeRecord
+from hashq.topology import Topology
 from tools.sim.coordinator import CoordinatorConfig, SimCoordinator
 from tools.sim.faults import Fault, draw_faults
 from tools.sim.inject import apply, heal_all, strand
@@ -30,6 +32,7 @@ from tools.sim.parking import (
     set_state,
 )
 from tools.sim.rabbit import Broker
+from tools.sim.resizer import ResizePlan, SimResizer, draw_resizes
 from tools.sim.worker import DRAIN_TIMEOUTS, PATHS, WITHDRAW_DELAYS, SimWorker, WorkerConfig
 from tools.sim.world import Violation, World
 from tools.sim.zoo import NoNode, ZooKeeper
@@ -65,9 +68,12 @@ class Scenario:
     stranded: str  # how worker 0 stays cut off after the other faults heal ("": it does not)
     return_lag: float = 0.0  # how late a queue may return a dead connection's messages
     poisons: tuple[Poison, ...] = ()  # keys whose handler fails for a while (parked keys)
+    resizes: tuple[ResizePlan, ...] = ()  # ``hashq resize`` runs (and their faults)
 
     @classmethod
-    def draw(cls, seed: int, horizon: float = 400.0, parking: bool = True) -> Scenario:
+    def draw(
+        cls, seed: int, horizon: float = 400.0, parking: bool = True, resize: bool = True
+    ) -> Scenario:
         rng = random.Random(f"scenario-{seed}")
         workers = rng.randint(2, 5)
         session = rng.choice((2.0, 4.0, 6.0))
@@ -100,6 +106,8 @@ class Scenario:
             stranded=rng.choice(("", "", *STRANDED)),
         )
         scenario = scenario.with_timeouts(rng)
+        if resize:
+            scenario = replace(scenario, resizes=draw_resizes(seed, scenario.buckets, horizon))
         poisons = tuple(draw_poisons(seed, scenario.keys, horizon)) if parking else ()
         if not poisons:
             return scenario
@@ -174,6 +182,7 @@ class Cluster:
             heartbeat=3.0,
             listing_lag=scenario.coordinator_config.management_lag,
             return_lag=scenario.return_lag,
+            jump=bool(scenario.resizes),
         )
         self.broker.on_consumers = self.invariants.consumer_added
         self.broker.on_connect = self.invariants.connection_opened
@@ -187,6 +196,7 @@ class Cluster:
         self._publishing = True
         self.stranded_worker = ""  # the worker left cut off at the end, if any
         self.poisoning = Poisoning(self.world, scenario.poisons)
+        self.resizers: list[SimResizer] = []
         self.outcome = Outcome(scenario.seed)
 
     # ------------------------------------------------------------ processes
@@ -265,6 +275,8 @@ class Cluster:
     def run(self, steps: int) -> Outcome:
         for path in (PATHS.workers, PATHS.assignments, PATHS.buckets, PATHS.releases, PATHS.parked):
             self.zk.create(path, b"")  # what ``hashq init`` creates
+        topology = Topology("sim", self.scenario.buckets, "quorum", self.broker.delivery_limit)
+        self.zk.create(PATHS.topology, topology.to_record())
         for index in range(self.scenario.coordinators):
             self.start_coordinator(index)
         for index in range(self.scenario.workers):
@@ -272,6 +284,8 @@ class Cluster:
         self._publish()
         for poison in self.scenario.poisons:
             self.world.after(poison.at, lambda p=poison: self._poison(p))  # type: ignore[misc]
+        for plan in self.scenario.resizes:
+            self.world.after(plan.at, lambda p=plan: self._resize(p))  # type: ignore[misc]
         pending = sorted(self.faults, key=lambda f: f.at)
         try:
             while self.world.steps < steps and pending:
@@ -312,6 +326,37 @@ class Cluster:
         for record in parked_records(self.zk, PATHS):
             if record.state is ParkedState.PARKED:
                 set_state(self.zk, PATHS, record.key, record.bucket, ParkedState.RELEASING)
+
+    def _resize(self, plan: ResizePlan, again: bool = False) -> None:
+        """Run ``hashq resize``; if the plan says so, kill it and run it again later."""
+        armed = None if again or not plan.barrier_fault else lambda: self._at_barrier(plan)
+        name = f"r{len(self.resizers)}"
+        resizer = SimResizer(self.world, name, self.broker, self.zk, PATHS, plan.to, armed)
+        self.resizers.append(resizer)
+        self.world.note(f"{name}: hashq resize --buckets {plan.to}")
+        resizer.start()
+        if plan.dies_after is not None and not again:
+
+            def die() -> None:
+                if not resizer.finished:
+                    self.world.note(f"{name}: killed")
+                    resizer.kill()
+                    self.world.after(plan.rerun_after, lambda: self._resize(plan, again=True))
+
+            self.world.after(plan.dies_after, die)
+
+    def _at_barrier(self, plan: ResizePlan) -> None:
+        """The markers are out: an old bucket's owner (or the leader) meets a fault."""
+        kind, rng = plan.barrier_fault, self.world.rng
+        if kind == "coordinator-crash":
+            target = rng.randrange(len(self.coordinators))
+        else:
+            record = _read_record(self.zk, rng.randrange(self.broker.initial_buckets))
+            owners = [w.name for w in self.workers]
+            if record is None or record.owner not in owners:
+                return
+            target = owners.index(str(record.owner))
+        self._apply(Fault(self.world.now, kind, target, plan.fault_for))
 
     def _check(self) -> None:
         """The invariants checked on every step beyond those seen as executions start and end."""
@@ -376,12 +421,16 @@ class Cluster:
         parked = parked_records(self.zk, PATHS)
         if parked:
             return f"{len(parked)} keys still parked: {[r.key for r in parked][:3]}"
+        resize = _read_resize(self.zk)
+        if resize is not None and resize.under_way:
+            return f"the resize to {resize.new} buckets is still {resize.phase.value}"
         return self._unbalanced()
 
     def _unbalanced(self) -> str:
         live = _read_registrations(self.zk)
         held: Counter[str] = Counter()
-        for bucket in range(self.scenario.buckets):
+        count = Topology.from_record(self.zk.get(PATHS.topology)[0]).buckets
+        for bucket in range(count):
             record = _read_record(self.zk, bucket)
             granted = record is not None and record.state is BucketState.GRANTED
             owner = live.get(str(record.owner)) if record is not None else None
@@ -422,5 +471,12 @@ def _read_record(zk: ZooKeeper, bucket: int) -> BucketRecord | None:
 def _read_assignment(zk: ZooKeeper, worker: str) -> Assignment | None:
     try:
         return Assignment.decode(zk.get(PATHS.assignment(worker))[0])
+    except NoNode:
+        return None
+
+
+def _read_resize(zk: ZooKeeper) -> ResizeRecord | None:
+    try:
+        return ResizeRecord.decode(zk.get(PATHS.resize)[0])
     except NoNode:
         return None

@@ -21,6 +21,7 @@ from hashq.records import (
     parse_worker_connection_name,
     queue_holds_nothing,
 )
+from hashq.topology import Topology
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
 from hashq_coordinator.machine.fencebook import Incarnation
@@ -70,7 +71,7 @@ class SimCoordinator(Process):
         self.broker, self.zk, self.invariants, self.config = broker, zk, invariants, config
         self.machine = CoordinatorMachine(
             name,
-            broker.buckets,
+            broker.initial_buckets,  # then the topology record's (a resize)
             settle=config.settle,
             drain_timeout=config.drain_timeout,
             fence_grace=config.fence_grace,
@@ -79,6 +80,7 @@ class SimCoordinator(Process):
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self._lock_node = ""
+        self._buckets = 0  # the topology record's count, as last read
         self._campaigning = False
         self._generation = itertools.count(1)
         self._fences: dict[Incarnation, int] = {}  # the generation each fence runs under
@@ -278,12 +280,13 @@ class SimCoordinator(Process):
         release may appear between them; then the liveness of each suspect and the state of
         each bucket queue asked about."""
 
-        def read_workers(zk: ZooKeeper, _: int) -> dict[str, tuple[Registration, int]]:
+        def read_workers(zk: ZooKeeper, _: int) -> tuple[int, dict[str, tuple[Registration, int]]]:
+            buckets = Topology.from_record(zk.get(PATHS.topology)[0]).buckets
             found = {}
             for name in zk.children(PATHS.workers):
                 data, stat = zk.get(PATHS.worker(name))
                 found[name] = (Registration.decode(data), stat.version)
-            return found
+            return buckets, found
 
         def read_releases(zk: ZooKeeper, _: int) -> dict[tuple[int, int], str]:
             found = {}
@@ -297,7 +300,8 @@ class SimCoordinator(Process):
             if isinstance(answer, ZkError):
                 self.post(cm.ObserveFailed(type(answer).__name__))
                 return
-            self._call(read_releases, lambda releases: got_releases(answer, releases))
+            self._buckets, workers = answer
+            self._call(read_releases, lambda releases: got_releases(workers, releases))
 
         def got_releases(workers: dict[str, tuple[Registration, int]], answer: Any) -> None:
             if isinstance(answer, ZkError):
@@ -306,13 +310,16 @@ class SimCoordinator(Process):
             registrations = {name: registration for name, (registration, _) in workers.items()}
             versions = {name: version for name, (_, version) in workers.items()}
             if not ask_gone and not ask_held:
-                self.post(cm.Observed(registrations, answer, versions))
+                self.post(cm.Observed(registrations, answer, versions, buckets=self._buckets))
                 return
 
             def asked() -> None:  # ``leader._asked``: a passive declare each, a round trip
                 gone = frozenset(i for i in ask_gone if self._gone(i))
                 emptied = frozenset(b for b in ask_held if self._holds_nothing(b))
-                self.post(cm.Observed(registrations, answer, versions, gone, emptied))
+                observed = cm.Observed(
+                    registrations, answer, versions, gone, emptied, self._buckets
+                )
+                self.post(observed)
 
             self.later(self.world.latency(), asked)
 

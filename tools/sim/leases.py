@@ -27,6 +27,7 @@ from hashq.worker.machine import events as ev
 from hashq.worker.machine.lease import LeaseCore
 from hashq.worker.machine.parking import Fate
 from tools.sim.invariants import Execution, Invariants
+from tools.sim.markers import SimMarkers
 from tools.sim.parking import MAX_ATTEMPTS, RETRY_DELAY, SimParking
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker, Connection, Msg
@@ -47,6 +48,10 @@ class Job:
     @property
     def key(self) -> str:
         return self.msg.key
+
+    @property
+    def marker(self) -> int:
+        return self.msg.marker
 
 
 @dataclass(eq=False)
@@ -83,6 +88,7 @@ class LeaseRunner:
         heard: Callable[[Connection], bool] = lambda _: True,
         parking: SimParking | None = None,
         hot_after: int = 0,
+        markers: SimMarkers | None = None,
     ) -> None:
         self._process = process
         self._worker_id, self._world = process.name, process.world  # its name is the worker's id
@@ -103,6 +109,9 @@ class LeaseRunner:
         self._hot_after = hot_after
         if parking is not None:
             parking.runner = self
+        self._markers = markers
+        if markers is not None:
+            markers.runner = self
 
     def new_channel(self) -> int:
         return next(self._channels)
@@ -218,11 +227,20 @@ class LeaseRunner:
             self._end(job, completed=False)
 
     def _take_actions(self) -> None:
-        """What the leases' parked keys asked for."""
-        if self._parking is None:
-            return
+        """What the leases' parked keys asked for; the resize markers that may pass."""
         for lease in list(self.leases.values()):
-            self._ready.extend(self._parking.act(lease, lease.core.take()))
+            if self._parking is not None:
+                self._ready.extend(self._parking.act(lease, lease.core.take()))
+            if self._markers is not None:
+                self._markers.act(lease)
+
+    def marker_passed(self, job: Job) -> None:
+        """Its passed node is written: the marker is acknowledged like any message."""
+        lease = job.lease
+        if self._ack(job):
+            lease.core.finished(job)
+        self._after_job(lease)
+        self.pump()
 
     def _thread_free(self) -> bool:
         return self._threads == 0 or self._threads_busy < self._threads
@@ -302,10 +320,10 @@ class LeaseRunner:
         if lease.closed or not lease.connection.client_open:
             return False
         if lease.window.complete(job.tag):
-            self._send_acks(lease)
+            self.send_acks(lease)
         elif not lease.ack_timer:
             lease.ack_timer = True
-            self._process.later(ACK_DELAY, lambda: self._send_acks(lease))
+            self._process.later(ACK_DELAY, lambda: self.send_acks(lease))
         return True
 
     def _failed(self, job: Job) -> None:
@@ -367,7 +385,7 @@ class LeaseRunner:
             self.leases.pop(lease.number, None)
             self._post(ev.Settled(lease.number))
 
-    def _send_acks(self, lease: SimLease) -> None:
+    def send_acks(self, lease: SimLease) -> None:
         lease.ack_timer = False
         if lease.closed or not lease.connection.client_open:
             return
@@ -378,7 +396,7 @@ class LeaseRunner:
             lease.connection.ack(lease.channel, tag, False)
         if lease.window.pending and not lease.ack_timer:
             lease.ack_timer = True
-            self._process.later(ACK_DELAY, lambda: self._send_acks(lease))
+            self._process.later(ACK_DELAY, lambda: self.send_acks(lease))
 
     # ------------------------------------------------------------ ending leases
     def drain(self, number: int, within: float) -> None:
@@ -422,7 +440,7 @@ class LeaseRunner:
                 lease.core.dropped(job)
                 self._end(job, completed=False)
         self.pump()
-        self._send_acks(lease)
+        self.send_acks(lease)
         lease.closed = True
 
         answered = [False]

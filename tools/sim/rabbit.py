@@ -19,16 +19,22 @@
 - The event exchange: every connection the broker's end closes is announced by name to the
   listeners (``on_closed``), whatever closed it, a node restart included; each listener
   decides whether it hears it (its own link, the node being up).
+- The ring: with ``jump`` (a run that resizes), a key goes where the real ring sends it
+  (``hashq.placement``) among the ``routing`` buckets it is bound to; ``unroute`` unbinds the
+  entry exchange (a publish is returned) and ``route`` binds it again over more buckets.
+  Without, a stand-in hash over the buckets (the seeds drawn before resizes keep theirs).
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hashq.placement import bucket_of as ring_bucket_of
 from tools.sim.net import Link, Pipe
 from tools.sim.world import World
 
@@ -42,6 +48,7 @@ class Msg:
     key: str
     seq: int  # per key, from 1
     returned: int = 0  # times a closed channel handed it back (the quorum delivery count)
+    marker: int = 0  # a resize's marker (``hashq.resizing``): the bucket count it grows to
 
     def __lt__(self, other: Msg) -> bool:
         return self.number < other.number
@@ -107,6 +114,11 @@ class Connection:
 
     def declare_exclusive(self, queue: str, done: Callable[[str], None]) -> None:
         self._call(lambda: self.broker.declare_exclusive(self, queue), done)
+
+    def sync(self, channel: int, done: Callable[[str], None]) -> None:
+        """A request on ``channel`` that changes nothing (``basic.qos`` again): answered after
+        every earlier frame on it was taken in; an error if the channel is gone."""
+        self._call(lambda: self.broker.channel_open(self, channel), done)
 
     def ping(self, done: Callable[[str], None]) -> None:
         """A request that changes nothing (a worker keeps its ``BrokerContact`` with it)."""
@@ -216,9 +228,13 @@ class Broker:
         heartbeat: float = 10.0,
         listing_lag: float = 2.0,
         return_lag: float = 0.0,
+        jump: bool = False,
     ) -> None:
         self.world = world
-        self.buckets = buckets
+        self.buckets = buckets  # bucket queues declared
+        self.initial_buckets = buckets  # what ``hashq init`` made
+        self.routing = buckets  # the ring's size (0: the entry exchange is unbound)
+        self.jump = jump
         self.queues = {self.bucket_queue(b): Queue(self.bucket_queue(b)) for b in range(buckets)}
         self.delivery_limit = delivery_limit
         self.consumer_timeout = consumer_timeout
@@ -243,7 +259,32 @@ class Broker:
         return f"b{bucket:04d}"
 
     def bucket_of(self, key: str) -> int:
+        if self.jump:
+            return _jump(key, self.routing)
         return zlib.crc32(key.encode()) % self.buckets
+
+    # ------------------------------------------------------------ the ring (a resize)
+    def declare_buckets(self, count: int) -> None:
+        for bucket in range(self.buckets, count):
+            self.queues.setdefault(self.bucket_queue(bucket), Queue(self.bucket_queue(bucket)))
+        self.buckets = max(self.buckets, count)
+
+    def unroute(self) -> None:
+        self.routing = 0
+
+    def route(self, count: int) -> None:
+        assert self.jump and count <= self.buckets
+        self.routing = count
+
+    def publish_marker(self, bucket: int, new: int) -> bool:
+        """A resize's marker straight into a bucket queue (the default exchange)."""
+        if not self.up:
+            return False
+        self._published += 1
+        queue = self.queues[self.bucket_queue(bucket)]
+        queue.ready.append(Msg(self._published, "", 0, marker=new))
+        self._dispatch(queue)
+        return True
 
     # ------------------------------------------------------------ connections
     def connect(self, name: str, client: Client, link: Link) -> Connection | None:
@@ -328,6 +369,10 @@ class Broker:
             return f"RESOURCE_LOCKED - cannot obtain exclusive access to queue '{name}'"
         self.queues[name] = queue or Queue(name, owner=connection)
         return ""
+
+    def channel_open(self, connection: Connection, number: int) -> str:
+        channel = connection.channels.get(number)
+        return "" if channel is not None and channel.open else "CHANNEL_ERROR - channel closed"
 
     def exists(self, name: str) -> bool:
         return name in self.queues
@@ -454,8 +499,9 @@ class Broker:
 
     # ------------------------------------------------------------ publishing
     def publish(self, key: str, seq: int) -> bool:
-        """Route to the key's bucket queue; False (not confirmed) while the node is down."""
-        if not self.up:
+        """Route to the key's bucket queue; False (not confirmed) while the node is down or
+        the entry exchange is unbound (returned to the mandatory publisher)."""
+        if not self.up or not self.routing:
             return False
         self._published += 1
         queue = self.queues[self.bucket_queue(self.bucket_of(key))]
@@ -505,3 +551,8 @@ class Broker:
         ready = sum(len(q.ready) for q in self.queues.values())
         out = sum(len(ch.unacked) for c in self.connections for ch in c.channels.values())
         return ready + out + sum(len(channel.unacked) for channel in self.dying)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _jump(key: str, buckets: int) -> int:
+    return ring_bucket_of(key, buckets)

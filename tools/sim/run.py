@@ -27,9 +27,9 @@ log = logging.getLogger("sim")
 def simulate(
     seed: int, steps: int, faults: list[Fault] | None = None, parking: bool = True
 ) -> Outcome:
-    """``parking``: False draws the seed as before parked keys (no poisoned key), as the seeds
-    kept for bugs found before them were drawn."""
-    scenario = Scenario.draw(seed, parking=parking)
+    """``parking``: False draws the seed as before parked keys and resizes (no poisoned key, no
+    resize), as the seeds kept for bugs found before them were drawn."""
+    scenario = Scenario.draw(seed, parking=parking, resize=parking)
     return Cluster(scenario, faults).run(steps)
 
 

@@ -29,6 +29,7 @@ from hashq.worker.machine.core import WorkerMachine
 from hashq.worker.machine.states import WorkerState
 from tools.sim.invariants import Invariants
 from tools.sim.leases import LeaseRunner
+from tools.sim.markers import SimMarkers
 from tools.sim.parking import Poisoning, SimParking
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker, Connection, Msg
@@ -83,7 +84,7 @@ class SimWorker(Process):
         self.broker, self.zk, self.invariants, self.config = broker, zk, invariants, config
         self.machine = WorkerMachine(
             worker_id,
-            broker.buckets,
+            broker.initial_buckets,  # then the count its assignments name (a resize)
             config.drain_timeout,
             stop_within=config.session_timeout,
             withdraw_after=config.withdraw_after or config.session_timeout,
@@ -106,6 +107,7 @@ class SimWorker(Process):
             heard=self._heard,
             parking=parking,
             hot_after=config.hot_after,
+            markers=SimMarkers(self, self.client, PATHS.resize),
         )
         self._connection_numbers = itertools.count(1)
         self._names: Iterator[str] = iter(())  # the incarnation's connection names

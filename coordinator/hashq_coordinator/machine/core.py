@@ -255,6 +255,9 @@ class CoordinatorMachine:
 
     # ------------------------------------------------------------ one observation
     def _observed(self, event: Observed, now: float) -> list[Action]:
+        if event.buckets > self.buckets:
+            log.info("coordinator %s: the app has %d buckets now", self.me, event.buckets)
+            self.buckets = event.buckets
         crashed = self._crashed(event)
         live = {w: r for w, r in self._understood(event.workers).items() if w not in crashed}
         self._note_membership(live, now)
@@ -314,7 +317,7 @@ class CoordinatorMachine:
         crashed: Mapping[str, int],
     ) -> Commit:
         records = {**self.records, **changed}
-        wanted = assignments(records, live, self._leader_epoch)
+        wanted = assignments(records, live, self._leader_epoch, self.buckets)
         return Commit(
             version=self._version,
             records=changed,

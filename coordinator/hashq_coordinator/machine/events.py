@@ -60,6 +60,9 @@ class Observed:
     # Of the buckets ``Observe.ask_held`` named, those whose queue answered that no consumer
     # holds any of its messages (``hashq.records.queue_holds_nothing``).
     emptied: frozenset[int] = frozenset()
+    # The topology record's bucket count, read first (0: not read): it grows when a resize
+    # commits (``hashq.resizing``), and the plan takes the new buckets in.
+    buckets: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,8 @@ class GiveBack:
 
 @dataclass(frozen=True)
 class Observe:
-    """Read the registrations (with their node versions) and the releases, then ask the
+    """Read the topology record's bucket count, the registrations (with their node versions)
+    and the releases, then ask the
     broker whether each incarnation in ``ask_gone`` still holds a connection (its liveness
     queue), and each bucket queue in ``ask_held`` how many messages it has ready and how many
     consumers (a passive declare): ``Observed`` or ``ObserveFailed``. A question the broker

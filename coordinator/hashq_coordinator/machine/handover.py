@@ -244,13 +244,16 @@ def _grant(record: BucketRecord, target: str | None, view: View) -> BucketRecord
 
 
 def assignments(
-    records: Mapping[int, BucketRecord], workers: Mapping[str, Registration], leader_epoch: int
+    records: Mapping[int, BucketRecord],
+    workers: Mapping[str, Registration],
+    leader_epoch: int,
+    buckets: int = 0,
 ) -> dict[str, Assignment]:
     """Each live worker's assignment: the buckets granted to its current incarnation, and
     those moving to it (``incoming``, written with the revoke, so that it gets their channels
     ready while the old owner drains)."""
     result = {
-        worker_id: Assignment(registration.incarnation, {}, leader_epoch)
+        worker_id: Assignment(registration.incarnation, {}, leader_epoch, buckets=buckets)
         for worker_id, registration in workers.items()
     }
     incoming: dict[str, list[int]] = {}
@@ -264,6 +267,6 @@ def assignments(
             assignment.grants[bucket] = record.epoch
         elif record.state in MOVING and str(record.target) in result:
             incoming.setdefault(str(record.target), []).append(bucket)
-    for worker_id, buckets in incoming.items():
-        result[worker_id] = replace(result[worker_id], incoming=tuple(sorted(buckets)))
+    for worker_id, moving in incoming.items():
+        result[worker_id] = replace(result[worker_id], incoming=tuple(sorted(moving)))
     return result

@@ -256,6 +256,9 @@ class WorkerMachine(WorkerLeases):
             return
         self._assignment_zxid = max(event.zxid, self._assignment_zxid)
         self.assignment = event.assignment
+        if event.assignment is not None and event.assignment.buckets > self.buckets:
+            log.info("the app has %d buckets now (a resize)", event.assignment.buckets)
+            self.buckets = event.assignment.buckets
 
     def _pause(self, actions: list[Action]) -> None:
         if not self._paused:

@@ -69,6 +69,10 @@ class Lanes(Generic[T]):
         behind = self._behind.get(key)
         return 0 if behind is None else 1 + len(behind)
 
+    def in_hand_by_key(self) -> dict[str, int]:
+        """``in_hand`` of every key that has items in hand."""
+        return {key: 1 + len(behind) for key, behind in self._behind.items()}
+
     @property
     def active_keys(self) -> int:
         return len(self._behind)

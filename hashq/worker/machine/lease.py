@@ -6,13 +6,20 @@ out what it says; the simulator feeds it the deliveries of its broker model. A j
 with a ``key`` that says whether it came from its key's parking queue. What becomes of a job
 that is its key's active one, parked keys included, is ``ParkedKeys``'s to say
 (``hashq.worker.machine.parked_keys``): ``fate`` as a runner takes it.
+
+A resize's marker (``hashq.resizing``: a job whose ``marker`` is the bucket count the app grows
+to) runs no handler and has no lane. It passes (``passable``) once every job delivered before it
+is finished, and no key parked here is one the resize moves away (its parked messages would run
+after the key's new bucket started); the edge then says so in ZooKeeper and acknowledges it.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from hashq.placement import bucket_of
 from hashq.worker.machine.lanes import InOrder, Lanes
 from hashq.worker.machine.parked_keys import ParkedKeys
 from hashq.worker.machine.parking import Action, Fate
@@ -36,8 +43,20 @@ class Keyed(Protocol):
     @property
     def from_parking(self) -> bool: ...
 
+    @property
+    def marker(self) -> int:
+        """0, or for a resize's marker the bucket count the resize grows the app to."""
+        ...
+
 
 J = TypeVar("J", bound=Keyed)
+
+
+@dataclass
+class _Marker(Generic[J]):
+    job: J
+    ahead: dict[str, int]  # key -> its jobs delivered before the marker and not yet finished
+    passing: bool = False  # handed to the edge by ``passable``
 
 
 class LeaseCore(Generic[J]):
@@ -67,6 +86,7 @@ class LeaseCore(Generic[J]):
         # Insertion-ordered (not a set of objects hashed by address): the simulator replays a
         # seed exactly only if every iteration order is the same in every process.
         self._running: dict[J, None] = {}
+        self._markers: list[_Marker[J]] = []  # in queue order
 
     def deliver(self, tag: int, job: J) -> list[J]:
         """A delivery (tags are 1, 2, 3, ... per channel, perhaps out of order): the jobs now
@@ -76,7 +96,9 @@ class LeaseCore(Generic[J]):
             if self.state is LeaseState.CLOSED:
                 continue
             self.held += 1
-            if self._lanes.add(arrived.key, arrived) and self.parked.admit(arrived):
+            if arrived.marker:
+                self._markers.append(_Marker(arrived, self._lanes.in_hand_by_key()))
+            elif self._lanes.add(arrived.key, arrived) and self.parked.admit(arrived):
                 ready.append(arrived)
         return ready
 
@@ -108,6 +130,11 @@ class LeaseCore(Generic[J]):
         if job.from_parking:
             return []
         self.held -= 1
+        if job.marker:
+            self._markers = [m for m in self._markers if m.job is not job]
+            return []
+        if self._markers:
+            self._count_down(job.key)
         in_hand = self._lanes.in_hand(job.key) - 1  # ``job`` is done
         following = self._lanes.done(job.key)
         if following is None:
@@ -118,6 +145,30 @@ class LeaseCore(Generic[J]):
             self.parked.step_aside(following, in_hand)
             return []
         return [following] if self.parked.admit(following) else []
+
+    def _count_down(self, key: str) -> None:
+        for marker in self._markers:
+            left = marker.ahead.get(key, 0) - 1
+            if left > 0:
+                marker.ahead[key] = left
+            else:
+                marker.ahead.pop(key, None)
+
+    def passable(self) -> list[J]:
+        """Markers that may pass now, each handed out once: everything delivered before them
+        is finished, and no key parked here moves to another bucket under their count."""
+        if not self._markers or self.state is LeaseState.CLOSED or not self.parked.loaded:
+            return []
+        ready = []
+        for marker in self._markers:
+            if not (marker.passing or marker.ahead or self._parked_moving(marker.job.marker)):
+                marker.passing = True
+                ready.append(marker.job)
+        return ready
+
+    def _parked_moving(self, buckets: int) -> list[str]:
+        """Keys parked here that a ring of ``buckets`` routes to another bucket."""
+        return [key for key in self.parked.keys if bucket_of(key, buckets) != self.parked.bucket]
 
     def dropped(self, job: J) -> None:
         """``job`` will not finish here (its handler was cut off); it goes back to the queue."""
@@ -140,6 +191,7 @@ class LeaseCore(Generic[J]):
         must be told to stop (a thread may not listen: see ``settled``)."""
         self.state = LeaseState.CLOSED
         self._lanes.clear()
+        self._markers.clear()
         self.held = 0
         self.parked.close()
         return list(self._running)

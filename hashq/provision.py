@@ -3,9 +3,16 @@ rebuilding the transient ring after a broker restart.
 
 Order matters. The ZooKeeper record is written last, so its presence means the durable broker
 side was completed once; then the durable side is only checked, never declared again. The ring
-(see ``hashq.topology``) is ensured on every call: declared, bound to every bucket queue in
+(see ``hashq.topology``) is built when it is missing: declared, bound to every bucket queue in
 index order (binding an existing binding again is a no-op, so a half-built ring is completed in
-the same order), and only then bound to the entry exchange.
+the same order), and only then bound to the entry exchange. A ring that exists is left as it
+is once the app exists: bindings added to a ring the entry exchange routes through would route
+keys by a ring of some size in between (``hashq.resizing``).
+
+The ring's size is the app's bucket queues, 0..Q-1, found on the broker (``ring_count``): a
+resize declares its new queues from the highest down, so once the first new one exists all do,
+and a process whose ``HASHQ_BUCKETS`` is older than a resize builds the grown ring (and says
+so) instead of a smaller one.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -26,15 +34,20 @@ from hashq._io.management import Management
 from hashq._io.zk import acl, close_zk, connect_zk
 from hashq.errors import ServiceUnavailable, TopologyMismatch
 from hashq.records import Paths
+from hashq.resizing import SWITCH_SETTLE_SECONDS
 from hashq.settings import Settings
 from hashq.topology import BUCKET_WEIGHT, Topology
 
 log = logging.getLogger(__name__)
 
 
-async def ensure_topology(settings: Settings, *, check_bindings: bool = True) -> Topology:
+async def ensure_topology(
+    settings: Settings, *, check_bindings: bool = True, exact_count: bool = False
+) -> Topology:
     """Create the app's topology, or check that the existing one matches ``settings``; make sure
-    the ring is complete and in index order.
+    the ring exists. Returns the app's topology: with the recorded bucket count, which a resize
+    may have changed since ``settings`` were written (said as a warning), unless
+    ``exact_count`` (``hashq init``: a count asked for and not there is refused).
 
     Raises ``TopologyMismatch`` (nothing changed) or ``ServiceUnavailable``.
     """
@@ -42,8 +55,10 @@ async def ensure_topology(settings: Settings, *, check_bindings: bool = True) ->
     zk = await asyncio.to_thread(connect_zk, settings, "coordinator")
     try:
         recorded = await asyncio.to_thread(read_record, zk, topology)
+        if recorded is not None and exact_count:
+            _require_count(topology, recorded)
         if recorded is not None:
-            topology.require_same(recorded)
+            topology = topology.adopt(recorded)
         management = Management(settings)
         if recorded is None and check_bindings:
             # Only a half-done creation (a prefix of our bindings) may be completed.
@@ -52,9 +67,11 @@ async def ensure_topology(settings: Settings, *, check_bindings: bool = True) ->
         async with connection:
             if recorded is None:
                 await _declare_durable(connection, topology)
+                await ensure_ring(connection, topology)
             else:
                 await _verify_durable(connection, topology)
-            await ensure_ring(connection, topology)
+                if not await ring_exists(connection, topology):
+                    await ensure_ring(connection, topology)
         if check_bindings:
             await asyncio.to_thread(verify_bindings, management, topology)
         if recorded is None:
@@ -64,6 +81,15 @@ async def ensure_topology(settings: Settings, *, check_bindings: bool = True) ->
     finally:
         await asyncio.to_thread(close_zk, zk)
     return topology
+
+
+def _require_count(topology: Topology, recorded: Topology) -> None:
+    if recorded.buckets != topology.buckets:
+        raise TopologyMismatch(
+            f"app {topology.app!r} already exists with {recorded.buckets} buckets, not "
+            f"{topology.buckets}; it was left untouched. To grow it: hashq resize --buckets "
+            f"{topology.buckets}"
+        )
 
 
 def read_record(zk: KazooClient, topology: Topology) -> Topology | None:
@@ -93,17 +119,18 @@ def write_record(zk: KazooClient, topology: Topology) -> None:
         topology.require_same(Topology.from_record(data))
 
 
-async def ensure_ring(connection: AbstractConnection, topology: Topology) -> None:
-    """Declare the ring, bind it to every bucket in index order, then bind the entry exchange to
-    it. Safe to run from many processes at once: each adds bindings in the same order, and the
-    entry binding comes only after all N exist.
+async def ensure_ring(connection: AbstractConnection, topology: Topology) -> Topology:
+    """Declare the ring, bind it to every bucket queue in index order, then bind the entry
+    exchange to it; returns the topology it was built for. Safe to run from many processes at
+    once: each adds bindings in the same order, and the entry binding comes only after all of
+    them exist. Meant for a ring that is missing, or that the entry exchange is not bound to
+    (a returned message says so): see the module's docstring.
 
-    Refuses (``TopologyMismatch``, nothing declared) when the app has more bucket queues than
-    ``topology`` names, and fails on the first missing one when it has fewer: a ring is only
-    ever built over exactly the app's bucket queues. A process whose ``HASHQ_BUCKETS`` is
-    wrong (a publisher left at the default against an app of 128) would otherwise build a
-    smaller ring that workers later extend, and keys would change bucket twice."""
-    await _require_no_bucket_beyond(connection, topology)
+    Built over the app's bucket queues as the broker has them (``ring_count``), which may be
+    more than ``topology`` names (a resize since), never fewer: it fails on the first missing
+    one. Just before the entry binding it checks again that no queue lies beyond, so that a
+    resize that began meanwhile is never undone by a ring of the old size."""
+    topology = await ring_count(connection, topology)
     async with _refusals_as_mismatch(topology), _channel(connection) as channel:
         ring = await channel.declare_exchange(
             topology.ring_exchange,
@@ -114,20 +141,68 @@ async def ensure_ring(connection: AbstractConnection, topology: Topology) -> Non
         for name in topology.bucket_queues():
             queue = await channel.declare_queue(name, passive=True)
             await queue.bind(ring, routing_key=BUCKET_WEIGHT)
+        if await _queue_exists(connection, topology.queue_beyond):
+            raise TopologyMismatch(
+                f"a resize of app {topology.app!r} began while its ring was built over "
+                f"{topology.buckets} buckets: the entry exchange was left unbound"
+            )
         await ring.bind(topology.exchange)
+    return topology
 
 
-async def _require_no_bucket_beyond(connection: AbstractConnection, topology: Topology) -> None:
-    beyond = topology.queue_beyond
-    async with _refusals_as_mismatch(topology), _channel(connection) as channel:
-        try:
-            await channel.declare_queue(beyond, passive=True)
-        except ChannelNotFoundEntity:
-            return
-    raise TopologyMismatch(
-        f"app {topology.app!r} has a bucket queue {beyond}, so more than the {topology.buckets} "
-        "buckets this process's settings name (HASHQ_BUCKETS): the ring was not built"
+async def ring_count(connection: AbstractConnection, topology: Topology) -> Topology:
+    """``topology`` with the bucket count the app's queues have on the broker: the queues
+    0..Q-1 exist, Q does not. More than ``topology`` says after a resize (logged: the
+    process's ``HASHQ_BUCKETS`` is out of date); found by doubling, then halving."""
+    if not await _queue_exists(connection, topology.queue_beyond):
+        return topology
+    low, step = topology.buckets + 1, 1  # queue low-1 exists
+    while await _queue_exists(connection, topology.queue_name(low - 1 + step)):
+        low, step = low + step, step * 2
+    high = low + step  # queue high-1 does not exist
+    while high - low > 1:
+        middle = (low + high) // 2
+        if await _queue_exists(connection, topology.queue_name(middle - 1)):
+            low = middle
+        else:
+            high = middle
+    log.warning(
+        "app %r has %d bucket queues, more than the %d of this process's HASHQ_BUCKETS (it "
+        "was resized): its ring is built over %d; set HASHQ_BUCKETS=%d",
+        topology.app,
+        low,
+        topology.buckets,
+        low,
+        low,
     )
+    return replace(topology, buckets=low)
+
+
+async def _queue_exists(connection: AbstractConnection, name: str) -> bool:
+    async with _channel(connection) as channel:
+        try:
+            await channel.declare_queue(name, passive=True)
+        except ChannelNotFoundEntity:
+            return False
+    return True
+
+
+async def switch_ring(connection: AbstractConnection, old: Topology, new: Topology) -> None:
+    """A resize's switch (``hashq.resizing``): the new bucket queues, highest first; a settle;
+    then the entry exchange unbound from the ring (a publish meanwhile is returned), the ring
+    bound to the new queues in index order, and the entry exchange bound again. Running it
+    again after any part of it is safe."""
+    async with _refusals_as_mismatch(new), _channel(connection) as channel:
+        for index in reversed(range(old.buckets, new.buckets)):
+            await channel.declare_queue(
+                new.queue_name(index), durable=True, arguments=new.bucket_arguments()
+            )
+    await asyncio.sleep(SWITCH_SETTLE_SECONDS)
+    if await ring_exists(connection, old):
+        async with _refusals_as_mismatch(new), _channel(connection) as channel:
+            ring = await channel.get_exchange(old.ring_exchange, ensure=False)
+            await ring.unbind(old.exchange)
+    await ensure_ring(connection, new)
 
 
 async def ring_exists(connection: AbstractConnection, topology: Topology) -> bool:

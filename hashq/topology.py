@@ -23,13 +23,16 @@ in the wrong bucket. The ring is always complete before the entry exchange is bo
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import logging
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from hashq import placement
 from hashq.errors import TopologyMismatch
 from hashq.parked import parking_queue
 from hashq.settings import Settings
+
+log = logging.getLogger(__name__)
 
 TOPOLOGY_VERSION = 1
 BUCKET_WEIGHT = "1"  # the consistent-hash exchange reads a binding's routing key as its weight
@@ -80,12 +83,12 @@ class Topology:
     def bucket_queue(self, index: int) -> str:
         if not 0 <= index < self.buckets:
             raise IndexError(f"bucket {index} out of range 0..{self.buckets - 1}")
-        return self._queue_name(index)
+        return self.queue_name(index)
 
     @property
     def queue_beyond(self) -> str:
         """The name the next bucket queue would have: if it exists, the app has more buckets."""
-        return self._queue_name(self.buckets)
+        return self.queue_name(self.buckets)
 
     def liveness_queue(self, worker_id: str, incarnation: str) -> str:
         """An exclusive queue that each AMQP connection of a worker incarnation declares before
@@ -95,7 +98,8 @@ class Topology:
         that no connection of the incarnation can consume."""
         return f"hashq.{self.app}.alive.{worker_id}.{incarnation}"
 
-    def _queue_name(self, index: int) -> str:
+    def queue_name(self, index: int) -> str:
+        """Bucket queue ``index``'s name, whether or not this topology has it (a resize's)."""
         return f"hashq.{self.app}.b{index:04d}"
 
     def bucket_queues(self) -> list[str]:
@@ -165,6 +169,24 @@ class Topology:
             for name in ours
             if ours[name] != theirs[name]
         ]
+
+    def adopt(self, recorded: Topology) -> Topology:
+        """The recorded topology, which these settings must match but for the bucket count: a
+        resize (``hashq.resizing``) changes the app's count, not every process's settings. A
+        count that differs is said once, as a warning; anything else raises as
+        ``require_same`` does."""
+        self.require_same(replace(recorded, buckets=self.buckets))
+        if recorded.buckets != self.buckets:
+            log.warning(
+                "app %r has %d buckets, HASHQ_BUCKETS says %d: using %d (the app was resized; "
+                "set HASHQ_BUCKETS=%d)",
+                self.app,
+                recorded.buckets,
+                self.buckets,
+                recorded.buckets,
+                recorded.buckets,
+            )
+        return recorded
 
     def require_same(self, recorded: Topology) -> None:
         """Raise ``TopologyMismatch`` unless ``recorded`` (what exists) equals these settings."""

@@ -18,6 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any
 
 from kazoo.client import KazooState
@@ -124,7 +125,8 @@ class Coordinator:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        await ensure_topology(self.settings, check_bindings=False)
+        self.topology = await ensure_topology(self.settings, check_bindings=False)
+        self.machine.buckets = self._store.buckets = self.topology.buckets  # the record's
         await self.fencer.probe()
         await asyncio.to_thread(start_zk, self._zk, self.settings)
         self._zk.add_listener(self._on_session)
@@ -205,8 +207,9 @@ class Coordinator:
         while True:
             await asyncio.sleep(MANAGEMENT_SECONDS)
             await self.fencer.probe()
-            if self.role is Role.LEADER:
-                await read_depths(self.metrics, self.fencer.management, self.topology)
+            if self.role is Role.LEADER:  # over the count last read (a resize grows it)
+                topology = replace(self.topology, buckets=self._store.buckets)
+                await read_depths(self.metrics, self.fencer.management, topology)
 
     # ------------------------------------------------------------ election
     def _standing_by(self) -> bool:

@@ -49,7 +49,7 @@ class Store:
         """The topology record's bucket count, which a resize raises (``hashq.resizing``);
         the records read from now on are those of every bucket it names."""
         data, _ = self.zk.get(self.paths.topology)
-        self.buckets = max(self.buckets, Topology.from_record(data).buckets)
+        self.buckets = Topology.from_record(data).buckets
         return self.buckets
 
     def workers(self) -> dict[str, Member]:

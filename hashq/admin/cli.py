@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.set_defaults(func=admin.status)
 
+    resize = command(
+        "resize", "grow a running app to --buckets M, keeping every key's order", " --buckets M"
+    )
+    resize.set_defaults(func=admin.resize)
+
     where = command("where", "which bucket each key lands in, and who holds it", " KEY...")
     where.add_argument("keys", nargs="+", metavar="KEY", help="an entity key (routing key)")
     where.add_argument("--json", action="store_true", help="a JSON list, for scripts")

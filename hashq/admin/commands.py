@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Iterator
@@ -16,6 +17,7 @@ from kazoo.security import make_digest_acl_credential
 
 from hashq.admin import dead_letters as dlq
 from hashq.admin import parked as parking
+from hashq.admin import resize as resizing
 from hashq.admin.apps import delete_app
 from hashq.admin.jobs_file import Progress, read_messages
 from hashq.admin.status import AppStatus, gather_status, render_table, render_where
@@ -29,11 +31,19 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"  # before each look of status --watch on a termin
 
 
 async def init(settings: Settings, args: argparse.Namespace) -> int:
-    topology = await ensure_topology(settings)
+    topology = await ensure_topology(settings, exact_count=True)
     print(
         f"app {topology.app}: exchange {topology.exchange} with {topology.buckets} "
         f"{topology.queue_type} bucket queues, dead letters in {topology.dead_letter_queue}: ready"
     )
+    return 0
+
+
+async def resize(settings: Settings, args: argparse.Namespace) -> int:
+    """``hashq resize --buckets M`` (or ``HASHQ_BUCKETS``): never the default count."""
+    if not hasattr(args, "setting_buckets") and "HASHQ_BUCKETS" not in os.environ:
+        raise ConfigError("say how many buckets the app grows to: hashq resize --buckets M")
+    await resizing.resize(settings)
     return 0
 
 

@@ -1,5 +1,6 @@
 """What ``hashq status`` shows: the topology, the leader, the live workers and, for each
-bucket, its owner, epoch, state and depth, and whether a handover is in progress.
+bucket, its owner, epoch, state and depth, whether a handover is in progress, and a resize
+under way (``hashq.resizing``) with the old buckets it waits for.
 
 Depths come from passive queue declarations over AMQP, which are exact and immediate (the
 management API's figures lag by its statistics interval). Ownership comes from ZooKeeper.
@@ -22,6 +23,7 @@ from hashq._io.zk import close_zk, connect_zk
 from hashq.errors import TopologyMismatch
 from hashq.provision import read_record
 from hashq.records import BucketRecord, BucketState, Leadership, Paths, Registration
+from hashq.resizing import ResizePhase, ResizeRecord, passed_buckets
 from hashq.settings import Settings
 from hashq.topology import Topology
 
@@ -40,6 +42,16 @@ class Ownership:
     leader: Leadership | None = None
     workers: dict[str, Registration] = field(default_factory=dict)
     records: dict[int, BucketRecord] = field(default_factory=dict)
+    resize: ResizeRecord | None = None  # the app's last resize
+    passed: frozenset[int] = frozenset()  # its old buckets past their marker
+
+    @property
+    def resize_waits_for(self) -> list[int]:
+        """The old buckets a resize under way waits for (all of them before its markers)."""
+        resize = self.resize
+        if resize is None or resize.phase is not ResizePhase.BARRIER:
+            return []
+        return [b for b in resize.old_buckets() if b not in self.passed]
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,7 @@ class AppStatus:
                 worker: {**asdict(registration), "buckets": self.held_by(worker)}
                 for worker, registration in sorted(self.ownership.workers.items())
             },
+            "resize": self._resize_json(),
             "handover_in_progress": bool(self.in_transit),
             "in_transit": self.in_transit,
             "total_messages": self.total_messages,
@@ -87,6 +100,27 @@ class AppStatus:
                 for index, state in enumerate(self.buckets)
             ],
         }
+
+    def _resize_json(self) -> dict[str, Any] | None:
+        resize = self.ownership.resize
+        if resize is None:
+            return None
+        return {
+            "old": resize.old,
+            "new": resize.new,
+            "phase": resize.phase.value,
+            "waits_for": self.ownership.resize_waits_for,
+        }
+
+    def resize_line(self) -> str:
+        resize = self.ownership.resize
+        if resize is None or not resize.under_way:
+            return "resize under way: no"
+        line = f"resize under way: {resize.old} -> {resize.new} buckets, {resize.phase.value}"
+        waiting = self.ownership.resize_waits_for
+        if waiting:
+            line += f", waiting for old buckets {_ranges(waiting)} to finish what came before"
+        return line
 
 
 def _ownership_json(record: BucketRecord) -> dict[str, Any]:
@@ -128,7 +162,11 @@ def read_ownership(zk: KazooClient, topology: Topology) -> Ownership:
     for bucket in range(topology.buckets):
         with contextlib.suppress(NoNodeError, ValueError, TypeError):
             records[bucket] = BucketRecord.decode(zk.get(paths.bucket(bucket))[0])
-    return Ownership(leader, workers, records)
+    resize, passed = None, frozenset[int]()
+    with contextlib.suppress(NoNodeError, ValueError):
+        resize = ResizeRecord.decode(zk.get(paths.resize)[0])
+        passed = passed_buckets(zk.get_children(paths.resize), resize.new)
+    return Ownership(leader, workers, records, resize, passed)
 
 
 async def _queue_state(connection: AbstractConnection, name: str) -> QueueState:
@@ -152,6 +190,7 @@ def render_table(status: AppStatus) -> str:
         f"{status.dead_letters.messages:,} dead-lettered",
         f"leader: {leader.leader} (leader epoch {leader.epoch})" if leader else "leader: none",
         f"handover in progress: buckets {transit}" if transit else "handover in progress: no",
+        status.resize_line(),
         f"workers: {len(ownership.workers)}",
     ]
     for worker in sorted(ownership.workers):

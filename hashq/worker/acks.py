@@ -80,6 +80,7 @@ class Acker:
         self._due = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
+        self._sending = asyncio.Lock()  # one take's frames at a time, in the order of the takes
         self._task = asyncio.ensure_future(self._run())
 
     def complete(self, tag: int) -> None:
@@ -126,7 +127,18 @@ class Acker:
         except Exception as exc:  # the channel is gone: its unacknowledged messages go back
             log.debug("bucket %d: acknowledging failed: %r", self._bucket, exc)
 
+    async def sync(self, prefetch: int) -> None:
+        """Send every acknowledgement owed now, then ask the channel a question whose answer
+        comes only after the broker took them in (``basic.qos`` again: it changes nothing for
+        a consumer already there). Raises if the channel is gone: those messages went back."""
+        await self._send()
+        await self._channel.basic_qos(prefetch_count=prefetch)
+
     async def _send(self) -> None:
+        async with self._sending:
+            await self._send_taken()
+
+    async def _send_taken(self) -> None:
         upto, singles = self._window.take()
         if upto:
             await self._channel.basic_ack(upto, multiple=True, wait=False)

@@ -10,9 +10,10 @@ unacknowledged message back to the queue, in order, and touches no other bucket.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -20,6 +21,7 @@ from aiormq.abc import DeliveredMessage
 
 from hashq._io.amqp import connection_usable
 from hashq.errors import ServiceUnavailable
+from hashq.resizing import marker_of
 from hashq.worker.acks import Acker
 from hashq.worker.jobs import Job, deliver_frame
 from hashq.worker.machine.lease import LeaseCore, LeaseState
@@ -30,6 +32,7 @@ from hashq.worker.prepared import open_consumer_channel
 log = logging.getLogger(__name__)
 
 ACK_FLUSH_WITHIN = 1.0  # seconds a closing lease waits to send the acknowledgements it owes
+MARKER_RETRY_SECONDS = 0.5  # a resize marker whose pass could not be written, again after this
 
 
 __all__ = ["BucketLease", "LeaseState"]
@@ -55,10 +58,12 @@ class BucketLease:
         parking: ParkingSite | None = None,
         hot_after: int = 0,
         prefetch: int = 0,
+        say_passed: Callable[[int, int], Awaitable[None]] | None = None,
     ) -> None:
         """``parking``: what its parked keys' edge shares with the worker's other leases; None
         (tests): no key is parked, and the bucket's records are not read. ``hot_after``:
-        messages of one key in hand from which it steps aside (0: never)."""
+        messages of one key in hand from which it steps aside (0: never). ``say_passed(bucket,
+        new)`` writes that the bucket passed its marker of a resize (``hashq.resizing``)."""
         self.bucket = bucket
         self._on_closed = on_closed  # told when the channel closes, by either side
         self.epoch = epoch
@@ -69,6 +74,9 @@ class BucketLease:
         self._parking = LeaseParking(self, self._core, parking) if parking is not None else None
         self._mover = parking.mover if parking is not None else None
         self._dispatch = dispatch
+        self._say_passed = say_passed
+        self._prefetch = prefetch
+        self._passing: set[asyncio.Task[None]] = set()
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._ack_batch = ack_batch
         self._acker: Acker | None = None
@@ -125,18 +133,49 @@ class BucketLease:
         self.delivered_at = time.monotonic()
         # Callbacks may run out of order; the core restores the queue's order by delivery tag.
         frame = deliver_frame(delivery)
+        marker = marker_of(delivery.header.properties.headers)
         ready = self._core.deliver(
-            frame.delivery_tag or 0, Job(self, delivery, frame.routing_key or "")
+            frame.delivery_tag or 0, Job(self, delivery, frame.routing_key or "", marker=marker)
         )
         if self._core.held:
             self._idle.clear()
         for job in ready:
             self._dispatch(job)
+        if marker:
+            self._pass_markers()  # else when what came before it finishes
 
     def _act(self) -> None:
-        """Carry out what its parked keys asked for."""
+        """Carry out what its parked keys asked for; pass the resize markers that may pass."""
         if self._parking is not None:
             self._parking.act()
+        self._pass_markers()
+
+    def _pass_markers(self) -> None:
+        for marker in self._core.passable():
+            task = asyncio.ensure_future(self._pass(marker))
+            self._passing.add(task)
+            task.add_done_callback(self._passing.discard)
+
+    async def _pass(self, marker: Job) -> None:
+        """Everything before ``marker`` is finished: its acknowledgements reach the broker,
+        then ZooKeeper hears that the bucket passed, then the marker is acknowledged. If the
+        channel goes first, the marker goes back with it, and the next owner passes it."""
+        if self._acker is None or self._say_passed is None:
+            return
+        for attempt in itertools.count():
+            if self.state is LeaseState.CLOSED:
+                return
+            try:
+                await self._acker.sync(self._prefetch)
+                await self._say_passed(self.bucket, marker.marker)
+            except Exception as exc:  # said once; the resize shows the bucket as waiting
+                level = logging.WARNING if attempt == 0 else logging.DEBUG
+                log.log(level, "bucket %d: its resize marker did not pass: %r", self.bucket, exc)
+                await asyncio.sleep(MARKER_RETRY_SECONDS)
+                continue
+            if self.ack(marker):
+                self.finished(marker)
+            return
 
     def may_start(self, job: Job) -> bool:
         return job.lease is self and self._core.may_start()

@@ -128,7 +128,7 @@ class Worker:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        await ensure_topology(self.settings, check_bindings=False)
+        self.topology = await ensure_topology(self.settings, check_bindings=False)
         self._runners.start()
         starvation = self._starvation.run(self._leases.values, lambda: self._connection)
         watchers = [asyncio.ensure_future(w) for w in (self._watchdog.run(), starvation)]
@@ -315,13 +315,14 @@ class Worker:
         lease = BucketLease(
             action.bucket,
             action.epoch,
-            self.topology.bucket_queue(action.bucket),
+            self.topology.queue_name(action.bucket),  # a resize's new ones too
             self._runners.dispatch,
             ack_batch,
             on_closed=lambda: self._channel_closed(action.lease),
             parking=self._parking,
             hot_after=self.settings.hot_after,
             prefetch=self.settings.prefetch,
+            say_passed=self._membership.say_passed,
         )
         self._leases[action.lease] = lease
         try:
@@ -335,7 +336,7 @@ class Worker:
         self.post(ev.Subscribed(action.lease))
 
     async def _ask_queue(self, action: ev.AskQueue) -> None:
-        answer = await ask_queue(self._connection, self.topology.bucket_queue(action.bucket))
+        answer = await ask_queue(self._connection, self.topology.queue_name(action.bucket))
         self.post(ev.QueueAnswered(action.lease, answer))
 
     def _channel_closed(self, number: int) -> None:

@@ -30,6 +30,7 @@ from kazoo.recipe.watchers import DataWatch
 from hashq._io.zk import close_zk, start_zk, zk_client
 from hashq.errors import ConfigError, RegistrationGone, ServiceUnavailable
 from hashq.records import BROKER_CONTACT_SECONDS, Assignment, Paths, Registration, Release
+from hashq.resizing import passed_name
 from hashq.settings import Settings
 from hashq.worker.machine.events import (
     AssignmentRead,
@@ -223,6 +224,20 @@ class Membership:
 
     def _path(self, release: Release) -> str:
         return self._paths.release(release.bucket, release.epoch)
+
+    async def say_passed(self, bucket: int, new: int) -> None:
+        """Bucket ``bucket`` finished everything before its marker of the resize to ``new``
+        buckets (``hashq.resizing``). No resize record: a copy of an earlier resize's marker,
+        which counts for nothing."""
+        path = f"{self._paths.resize}/{passed_name(new, bucket)}"
+        await asyncio.to_thread(self._create_quietly, path)
+        log.info("bucket %d passed its marker of the resize to %d buckets", bucket, new)
+
+    def _create_quietly(self, path: str) -> None:
+        if not self._open:
+            raise ServiceUnavailable("ZooKeeper client closed")
+        with contextlib.suppress(NodeExistsError, NoNodeError):
+            self._zk.create(path, b"")
 
     # ------------------------------------------------------------ kazoo threads -> loop
     def _on_state(self, state: str) -> None:

@@ -21,7 +21,8 @@ from hashq.errors import (
     PublishUnconfirmed,
     TopologyMismatch,
 )
-from hashq.provision import ensure_topology, ring_exists
+from hashq.placement import bucket_of
+from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from hashq.sync_publisher import SyncPublisher
@@ -99,23 +100,19 @@ async def test_publisher_rebuilds_a_vanished_ring(initialized: Settings) -> None
     assert queued == ["landed"]
 
 
-async def test_a_publisher_with_too_few_buckets_refuses_rather_than_build_a_small_ring(
-    initialized: Settings,
+async def test_a_publisher_with_too_few_buckets_builds_the_app_s_ring_not_a_small_one(
+    initialized: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The app has 8 buckets; a publisher set to 4 finds the ring gone (a broker restart). It
-    used to build a 4-bucket ring, which a worker's start later extended to 8: keys changed
-    bucket twice and lost their order. It must refuse, and leave the ring to a correct one."""
+    """The app has 8 buckets; a publisher set to 4 (older than a resize) finds the ring gone (a
+    broker restart). It once built a 4-bucket ring, which a worker's start later extended to
+    8: keys changed bucket twice and lost their order. It builds the app's 8, and says so."""
     await _delete_ring(initialized)
     too_few = initialized.model_copy(update={"buckets": 4})
-    with pytest.raises(TopologyMismatch, match="more than the 4 buckets"):
-        async with Publisher(too_few) as publisher:
-            await publisher.publish("user-1", b"x")
-    connection = await connect_amqp(initialized, "test-ring-check")
-    async with connection:
-        assert not await ring_exists(connection, Topology.from_settings(initialized))
-    async with Publisher(initialized) as publisher:  # the app's own count builds it
-        await publisher.publish("user-1", b"x", message_id="landed")
-    assert [m.message_id for m in await _all_messages(initialized)] == ["landed"]
+    async with Publisher(too_few) as publisher:
+        await publisher.publish_many(Outgoing(f"user-{n}", b"x") for n in range(200))
+    assert "has 8 bucket queues, more than the 4 of this process's HASHQ_BUCKETS" in caplog.text
+    mapping = await key_buckets(initialized)
+    assert mapping == {f"user-{n}": bucket_of(f"user-{n}", 8) for n in range(200)}
 
 
 @pytest.fixture

@@ -84,9 +84,7 @@ async def test_concurrent_inits_agree(settings: Settings, management: Management
     assert len(_bindings(management, results[0])) == 8
 
 
-@pytest.mark.parametrize(
-    "change", [{"buckets": 16}, {"buckets": 4}, {"queue_type": "classic"}, {"delivery_limit": 3}]
-)
+@pytest.mark.parametrize("change", [{"queue_type": "classic"}, {"delivery_limit": 3}])
 async def test_other_settings_are_refused_and_nothing_changes(
     settings: Settings, management: Management, change: dict[str, object]
 ) -> None:
@@ -96,6 +94,23 @@ async def test_other_settings_are_refused_and_nothing_changes(
     assert _record(settings) == original
     assert len(_bindings(management, original)) == 8
     assert len([name for name in _queues(management) if name.startswith("hashq.t.b")]) == 8
+
+
+@pytest.mark.parametrize("buckets", [16, 4])
+async def test_another_bucket_count_is_refused_by_init_and_taken_from_the_record_by_the_rest(
+    settings: Settings, management: Management, buckets: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A count other than the app's: ``hashq init`` refuses it and says how to grow the app;
+    a worker, coordinator or command whose settings are older than a resize uses the app's
+    count, and says so once."""
+    original = await ensure_topology(settings)
+    other = settings.model_copy(update={"buckets": buckets})
+    with pytest.raises(TopologyMismatch, match=f"hashq resize --buckets {buckets}"):
+        await ensure_topology(other, exact_count=True)
+    assert await ensure_topology(other, check_bindings=False) == original
+    assert f"app 't' has 8 buckets, HASHQ_BUCKETS says {buckets}" in caplog.text
+    assert _record(settings) == original
+    assert len(_bindings(management, original)) == 8
 
 
 async def test_broker_topology_without_record_is_not_extended(

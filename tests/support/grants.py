@@ -7,6 +7,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from hashq.records import Assignment, BucketRecord, BucketState, Paths, Registration, Release
+from hashq.resizing import ResizePhase, ResizeRecord
 from tests.support.helpers import open_zk
 from tools.polling import wait_until
 
@@ -93,6 +94,13 @@ class Grants:
             if data:
                 found[bucket] = BucketRecord.decode(data)
         return found
+
+    def resize_phase(self) -> ResizePhase | None:
+        """The phase of the app's last resize (``hashq.resizing``); None: never resized."""
+        try:
+            return ResizeRecord.decode(self.zk.get(self.paths.resize)[0]).phase
+        except NoNodeError:
+            return None
 
     def all_granted(self, buckets: int, workers: set[str]) -> bool:
         """Every bucket granted, and every one of ``workers`` owning its share."""

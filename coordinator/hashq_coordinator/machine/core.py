@@ -255,8 +255,8 @@ class CoordinatorMachine:
 
     # ------------------------------------------------------------ one observation
     def _observed(self, event: Observed, now: float) -> list[Action]:
-        if event.buckets > self.buckets:
-            log.info("coordinator %s: the app has %d buckets now", self.me, event.buckets)
+        if event.buckets and event.buckets != self.buckets:  # the record's, not the settings'
+            log.info("coordinator %s: the app has %d buckets", self.me, event.buckets)
             self.buckets = event.buckets
         crashed = self._crashed(event)
         live = {w: r for w, r in self._understood(event.workers).items() if w not in crashed}

@@ -151,11 +151,29 @@ async def ensure_ring(connection: AbstractConnection, topology: Topology) -> Top
 
 
 async def ring_count(connection: AbstractConnection, topology: Topology) -> Topology:
-    """``topology`` with the bucket count the app's queues have on the broker: the queues
-    0..Q-1 exist, Q does not. More than ``topology`` says after a resize (logged: the
-    process's ``HASHQ_BUCKETS`` is out of date); found by doubling, then halving."""
-    if not await _queue_exists(connection, topology.queue_beyond):
+    """``topology`` with the bucket count the app's queues have on the broker
+    (``broker_count``); more than ``topology`` says after a resize, which is logged: the
+    process's ``HASHQ_BUCKETS`` is out of date."""
+    found = await broker_count(connection, topology)
+    if found == topology.buckets:
         return topology
+    log.warning(
+        "app %r has %d bucket queues, more than the %d of this process's HASHQ_BUCKETS (it "
+        "was resized): its ring is built over %d; set HASHQ_BUCKETS=%d",
+        topology.app,
+        found,
+        topology.buckets,
+        found,
+        found,
+    )
+    return replace(topology, buckets=found)
+
+
+async def broker_count(connection: AbstractConnection, topology: Topology) -> int:
+    """Q, where bucket queues 0..Q-1 exist and Q does not, for an app that has at least
+    ``topology.buckets`` of them; found by doubling, then halving."""
+    if not await _queue_exists(connection, topology.queue_beyond):
+        return topology.buckets
     low, step = topology.buckets + 1, 1  # queue low-1 exists
     while await _queue_exists(connection, topology.queue_name(low - 1 + step)):
         low, step = low + step, step * 2
@@ -166,16 +184,7 @@ async def ring_count(connection: AbstractConnection, topology: Topology) -> Topo
             low = middle
         else:
             high = middle
-    log.warning(
-        "app %r has %d bucket queues, more than the %d of this process's HASHQ_BUCKETS (it "
-        "was resized): its ring is built over %d; set HASHQ_BUCKETS=%d",
-        topology.app,
-        low,
-        topology.buckets,
-        low,
-        low,
-    )
-    return replace(topology, buckets=low)
+    return low
 
 
 async def _queue_exists(connection: AbstractConnection, name: str) -> bool:

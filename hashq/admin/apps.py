@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import sys
 import urllib.parse
+from dataclasses import replace
 
 from kazoo.exceptions import NoNodeError
 
@@ -21,6 +22,7 @@ from hashq._io.zk import close_zk, connect_zk
 from hashq.admin.status import gather_status
 from hashq.errors import ConfigError
 from hashq.parked import ParkedRecord
+from hashq.provision import broker_count
 from hashq.records import Paths
 from hashq.settings import Settings
 from hashq.topology import Topology
@@ -75,8 +77,12 @@ def _running_processes(settings: Settings) -> list[str]:
 
 
 async def remove_app(settings: Settings) -> None:
-    """Delete a hashq app: its queues, exchanges and ZooKeeper state."""
-    topology = Topology.from_settings(settings)
+    """Delete a hashq app: its queues (as many bucket queues as the broker has: a resize,
+    even one not committed, may have added some), exchanges and ZooKeeper state."""
+    connection = await connect_amqp(settings, connection_name("cleanup"))
+    async with connection:
+        topology = Topology.from_settings(settings)
+        topology = replace(topology, buckets=await broker_count(connection, topology))
     parking = await asyncio.to_thread(_parking_queues, settings, topology)
     await remove(
         settings,

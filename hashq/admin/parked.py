@@ -20,7 +20,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from hashq._io.amqp import ask_queue, close_quietly, connect_amqp, connection_name
 from hashq._io.zk import close_zk, connect_zk
 from hashq.errors import ConfigError
-from hashq.parked import ParkedRecord, ParkedState, parked_name
+from hashq.parked import ParkedRecord, ParkedState, key_digest
 from hashq.records import Paths
 from hashq.settings import Settings
 from hashq.topology import Topology
@@ -61,17 +61,21 @@ async def parked_keys(settings: Settings, key: str | None = None) -> list[Parked
         await close_quietly(connection)
 
 
+def _names(zk: KazooClient, paths: Paths, key: str | None) -> list[str]:
+    """The record names of the app's parked keys, or of ``key`` only: found by the key's digest,
+    whatever bucket count these settings name (a resize may have changed the app's)."""
+    try:
+        names = sorted(zk.get_children(paths.parked))
+    except NoNodeError:
+        return []
+    return names if key is None else [n for n in names if n.endswith(f"-{key_digest(key)}")]
+
+
 def _read(settings: Settings, key: str | None) -> list[ParkedRecord]:
-    paths, topology = Paths(settings.app), Topology.from_settings(settings)
+    paths = Paths(settings.app)
     zk = connect_zk(settings, "coordinator")
     try:
-        if key is not None:
-            names = [parked_name(topology.bucket_of(key), key)]
-        else:
-            try:
-                names = sorted(zk.get_children(paths.parked))
-            except NoNodeError:
-                return []
+        names = _names(zk, paths, key)
         records = []
         for path in (f"{paths.parked}/{name}" for name in names):
             try:
@@ -94,10 +98,13 @@ async def change_state(settings: Settings, key: str, state: ParkedState) -> Park
 
 
 def _change_state(settings: Settings, key: str, state: ParkedState) -> ParkedRecord:
-    topology = Topology.from_settings(settings)
-    path = f"{Paths(settings.app).parked}/{parked_name(topology.bucket_of(key), key)}"
+    paths = Paths(settings.app)
     zk: KazooClient = connect_zk(settings, "coordinator")
     try:
+        found = _names(zk, paths, key)
+        if not found:
+            raise ConfigError(f"key {key!r} is not parked in app {settings.app!r}")
+        path = f"{paths.parked}/{found[0]}"
         while True:
             try:
                 data, stat = zk.get(path)

@@ -22,6 +22,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from hashq._io.amqp import connect_amqp, connection_name
 from hashq._io.zk import acl, close_zk, connect_zk
 from hashq.errors import TopologyMismatch
+from hashq.parked import ParkedRecord
+from hashq.placement import bucket_of
 from hashq.provision import switch_ring
 from hashq.records import Paths
 from hashq.resizing import (
@@ -99,6 +101,7 @@ class _Resizer:
     async def _carry_out(self, step: Step, read: Read, waiting: tuple[int, ...]) -> None:
         old = read.record.old if read.record is not None else read.topology.buckets
         if step is Step.BEGIN:
+            await asyncio.to_thread(self._refuse_moving_parked_keys)
             await asyncio.to_thread(self._begin, read)
             self.say(f"resize of app {read.topology.app} from {old} to {self.wanted} buckets begun")
         elif step is Step.SWITCH:
@@ -120,6 +123,23 @@ class _Resizer:
             return Read(topology, stat.version, None, -1, ())
         record = ResizeRecord.decode(data)
         return Read(topology, stat.version, record, resize_stat.version, children)
+
+    def _refuse_moving_parked_keys(self) -> None:
+        """A key parked in a bucket the new count routes it away from would hold that bucket's
+        marker until it is released or dropped: refused before anything begins."""
+        moving = []
+        with contextlib.suppress(NoNodeError):
+            for name in self.zk.get_children(self.paths.parked):
+                path = f"{self.paths.parked}/{name}"
+                with contextlib.suppress(NoNodeError, ValueError):
+                    record = ParkedRecord.read(path, self.zk.get(path)[0])
+                    if bucket_of(record.key, self.wanted) != record.bucket:
+                        moving.append(record.key)
+        if moving:
+            raise TopologyMismatch(
+                f"{len(moving)} parked keys would move to a new bucket ({', '.join(moving[:5])}): "
+                "release or drop them first (hashq parked release KEY), then resize"
+            )
 
     def _begin(self, read: Read) -> None:
         record = ResizeRecord(read.topology.buckets, self.wanted).encode()

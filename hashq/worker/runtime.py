@@ -3,9 +3,8 @@
 The loop takes one event at a time (from ZooKeeper's callbacks, the AMQP connection and
 channels, the tasks it started, its watchdog, a timer), hands it to the machine, and carries
 out the actions the machine returns. Every decision (what to consume, when to drain, release,
-reconnect, register again or withdraw) is the machine's; the simulator (``tools/sim/``) runs
-the same machine on virtual time. What each action does is documented on it
-(``hashq.worker.machine.events``).
+reconnect, register again or withdraw) is the machine's; the simulator (``tools/sim/``) runs the
+same machine on virtual time. Each action is documented on it (``hashq.worker.machine.events``).
 """
 
 from __future__ import annotations

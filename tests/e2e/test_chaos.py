@@ -2,7 +2,8 @@
 drawn from the chaos faults (worker kills, stops, leader kills, broker and ZooKeeper restarts, a
 worker cut off ZooKeeper, rolling restarts, clock steps) and a workload whose long handlers
 outlast the drain timeout and the broker's consumer_timeout, with three poison keys that hashq
-parks and the run releases, judged by the independent checker. The naive design's counts are
+parks and the run releases, and a resize from 16 to 24 buckets, judged by the independent
+checker. The naive design's counts are
 reported beside hashq's; whether it reorders in so short a run is chance, so the proof that the
 checks can fail is elsewhere (tests/unit/test_checker.py, and the simulation's mutations in
 docs/guarantees.md)."""
@@ -74,6 +75,8 @@ def test_short_chaos_run_loses_and_reorders_nothing(
             "chaos",
             "--drain",
             "90",
+            "--resize",
+            "24",
             "--out",
             str(tmp_path),
         ],
@@ -134,6 +137,11 @@ def test_short_chaos_run_loses_and_reorders_nothing(
     assert poison["parked_failed"] >= 3 and sum(poison["released"].values()) >= 3, poison
     ran = read_appended(tmp_path / "hashq" / "executions.jsonl")
     assert {run["key"] for run in ran if run.get("outcome") == "failed"} == set(poison["keys"])
+    # The app grew from 16 to 24 buckets under the faults (hashq resize killed with -9 at its
+    # barrier and run again): the checks above cover the keys that moved; some ran in a new one.
+    (resize,) = designs["hashq"]["resizes"]
+    assert resize["seconds"] is not None and resize["killed"] == 1, resize
+    assert any(int(run["bucket"]) >= 16 for run in ran), "no message ran in a new bucket"
     # A worker's wall clock stepped by minutes, then the leader's: the records (kept in true
     # time) show handlers that ran under it, and everything above held.
     assert held["under_stepped_clock"] >= 1, held

@@ -34,3 +34,6 @@ def test_the_demo_runs_clean(settings: Settings) -> None:
     assert "lost                      0" in done.stdout
     assert "order violations          0" in done.stdout
     assert "sent SIGKILL to worker-2" in done.stdout
+    assert "hashq resize --buckets 16" in done.stdout
+    statuses = [line for line in done.stdout.splitlines() if "| workers" in line]
+    assert "| 16 buckets |" in statuses[-1], done.stdout[-3000:]  # the resize was committed

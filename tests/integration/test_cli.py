@@ -103,7 +103,8 @@ def test_init_with_other_settings_exits_2(settings: Settings) -> None:
     assert hashq(settings, "init").returncode == 0
     done = hashq(settings, "init", "--buckets", "16")
     assert done.returncode == 2
-    assert "buckets 16 vs 8" in one_line_error(done)
+    assert "already exists with 8 buckets, not 16" in one_line_error(done)
+    assert "hashq resize --buckets 16" in one_line_error(done)
 
 
 def test_status_before_init_says_run_init(settings: Settings) -> None:

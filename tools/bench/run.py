@@ -24,6 +24,9 @@ from tools import say
 from tools.bench import steps
 from tools.bench.hot import hot_key
 from tools.bench.plot import plot
+from tools.bench.resize import NEW as RESIZE_NEW
+from tools.bench.resize import OLD as RESIZE_OLD
+from tools.bench.resize import resize_pause
 from tools.bench.rig import bench_app
 from tools.bench.steps import Plan
 
@@ -98,6 +101,7 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
     if not plan.quick:
         await sleepy(settings, plan, folder, results)
         await hot(settings, plan, folder, results)
+        await grow(settings, plan, folder, results)
     results["summary"] = summary(results)
     return results
 
@@ -149,6 +153,12 @@ async def hot(settings: Settings, plan: Plan, folder: Path, results: dict[str, A
     say(f"8. a hot key at twice its handler's rate beside 1,000 cold keys, {seconds:g}s each way")
     results["hot_key"] = await hot_key(settings, folder / "hot-key", seconds)
     say(f"    {results['hot_key']}")
+
+
+async def grow(settings: Settings, plan: Plan, folder: Path, results: dict[str, Any]) -> None:
+    say(f"9. hashq resize from {RESIZE_OLD} to {RESIZE_NEW} buckets under load, by backlog")
+    results["resize"] = await resize_pause(settings, folder / "resize", plan.quick)
+    say(f"    {results['resize']}")
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +213,13 @@ def print_summary(results: dict[str, Any]) -> None:
         hot = results["hot_key"]
         rows.append(("hot key: cold p99 ms without", hot["share_0"]["cold_p99_ms"]))
         rows.append(("hot key: cold p99 ms with isolation", hot["share_0.5"]["cold_p99_ms"]))
+    for point in results.get("resize", {}).get("points", []):
+        rows.append(
+            (
+                f"resize, backlog {point['backlog_at_switch']:,}: moved wait s",
+                point["moved_wait_max_s"],
+            )
+        )
     if "latency" in results:
         rows.append(("latency p50 ms", results["latency"]["p50_ms"]))
         rows.append(("latency p99 ms", results["latency"]["p99_ms"]))
@@ -213,12 +230,13 @@ def print_summary(results: dict[str, Any]) -> None:
 async def bench(settings: Settings, args: argparse.Namespace) -> int:
     plan = Plan.quick_plan() if args.quick else Plan()
     folder = Path(args.out or tempfile.mkdtemp(prefix="hashq-bench-"))
-    if args.hot_key:  # that step alone
+    alone = {"hot_key": hot, "resize": grow}
+    if step := next((name for name in alone if getattr(args, name)), None):  # that step alone
         with contextlib.redirect_stdout(sys.stderr):
             results: dict[str, Any] = {"machine": machine()}
-            await hot(settings, plan, folder, results)
+            await alone[step](settings, plan, folder, results)
         (folder / "bench.json").write_text(json.dumps(results, indent=2))
-        print(json.dumps(results["hot_key"]) if args.json else f"  {folder / 'bench.json'}")
+        print(json.dumps(results[step]) if args.json else f"  {folder / 'bench.json'}")
         return 0
     with contextlib.redirect_stdout(sys.stderr):  # stdout is kept for --json
         results = await run_bench(settings, plan, folder)
@@ -252,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", help="where to write the PNG plot (default: in --out)")
     parser.add_argument(
         "--hot-key", action="store_true", help="only the hot-key step (with --quick: 6 s each way)"
+    )
+    parser.add_argument(
+        "--resize", action="store_true", help="only the resize step (with --quick: two backlogs)"
     )
     args = parser.parse_args(argv)
     logging_from_args(args)

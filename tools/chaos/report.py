@@ -60,6 +60,15 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
                 f" {poison['hot_steps_aside']} hot keys stepped aside"
             )
     for name in names:
+        if resizes := results[name].get("resizes"):
+            done = [
+                f"to {r['buckets']} in {r['seconds']:.1f}s ({r['runs']} runs, {r['killed']} killed)"
+                if r["seconds"] is not None
+                else f"to {r['buckets']} NOT DONE ({r['runs']} runs)"
+                for r in resizes
+            ]
+            print(f"  {name}: resized {'; '.join(done)}")
+    for name in names:
         for stall in results[name]["recovery"]["stalls"][:3]:
             causes = ", ".join(stall["causes"]) or "no fault in force"
             stretch = f"bucket {stall['bucket']} started nothing for {stall['seconds']}s"

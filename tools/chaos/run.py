@@ -41,6 +41,7 @@ from tools.chaos.network import Network
 from tools.chaos.poison import Poisons, draw_keys, worker_env
 from tools.chaos.recovery import recoveries
 from tools.chaos.report import print_table
+from tools.chaos.resizes import Resizes
 from tools.chaos.tally import Tally
 from tools.checker import judge
 from tools.executions import read_all, read_appended
@@ -66,7 +67,7 @@ async def run_design(
 ) -> dict[str, Any]:
     files = Files(Path(args.out) / design.name)
     await design.prepare(settings)
-    poisons = None
+    poisons, resizes, following = None, None, None
     if design.coordinated and args.poison:  # the baselines have no parking
         keys = draw_keys(args.seed, args.keys, args.poison)
         poisons = Poisons(settings, files.folder, keys, args.duration, args.seed)
@@ -81,6 +82,9 @@ async def run_design(
             **(worker_env(poisons.path) if poisons else {}),
         },
     )
+    counts = [int(count) for count in args.resize.split(",") if count]
+    if design.coordinated and counts:  # the baselines cannot grow
+        resizes = Resizes(fleet, counts, args.duration)
     schedule = args.faults.split(",") if args.faults else None
     network = Network(settings)
     clocks = Clocks(files.folder)
@@ -103,15 +107,20 @@ async def run_design(
             argv = publisher_argv(design, settings, args, files, number, client)
             fleet.start(name, *argv, env=await network.attach(name))
         tally = Tally(files.confirmed, files.record)
+        following = asyncio.ensure_future(resizes.follow()) if resizes else None
         await faults_until(chaos, args, tally, poisons)
-        await drain_until_done(chaos, tally, args.drain, poisons)
+        await drain_until_done(chaos, tally, args.drain, poisons, resizes)
     finally:
+        if following is not None:
+            following.cancel()
         await asyncio.to_thread(fleet.stop_all)
         await network.close()
     executions = read_appended(files.record)
     dead = await leftovers(settings, [q for q in [design.dead_letter_queue(settings)] if q])
     parking = poisons.parking_queues() if poisons else []
-    queued = await leftovers(settings, design.queues(settings) + parking)
+    grown = resizes.final_count if resizes else None
+    final = settings.model_copy(update={"buckets": grown}) if grown else settings
+    queued = await leftovers(settings, design.queues(final) + parking)
     verdict = judge(read_all(files.confirmed), executions, dead, queued)
     if not args.keep:
         await design.remove(settings)
@@ -122,6 +131,7 @@ async def run_design(
         "recovery": recoveries(chaos.log, executions),
         "workload": workload(executions, files.folder),
         "poison": poisons.report(files.folder) if poisons else None,
+        "resizes": resizes.report() if resizes else None,
     }
 
 
@@ -214,10 +224,10 @@ async def faults_until(
 
 
 async def drain_until_done(
-    chaos: Chaos, tally: Tally, within: float, poisons: Poisons | None
+    chaos: Chaos, tally: Tally, within: float, poisons: Poisons | None, resizes: Resizes | None
 ) -> None:
     """Wait (up to ``within`` seconds) until everything confirmed was executed, releasing the
-    poison keys, mended, as long as any is parked."""
+    poison keys, mended, as long as any is parked, and every resize is done."""
     if len(chaos.fleet.alive("worker")) < 2:
         await chaos.start("worker")
     started = time.monotonic()
@@ -232,6 +242,8 @@ async def drain_until_done(
     async def all_executed() -> bool:
         if poisons:
             await poisons.release_parked(time.monotonic() - started)
+        if resizes and not resizes.done:
+            return False
         return await asyncio.to_thread(executed_all)  # reading the records blocks; links do not
 
     def executed_all() -> bool:
@@ -321,6 +333,11 @@ def main() -> int:
     parser.add_argument(
         "--poison", type=int, default=3, help="keys whose handler fails for a while (hashq only)"
     )
+    parser.add_argument(
+        "--resize",
+        default="",
+        help="comma-separated bucket counts to grow to during the run, e.g. 24,64 (hashq only)",
+    )
     parser.add_argument("--app")
     parser.add_argument("--out")
     parser.add_argument("--keep", action="store_true", help="keep queues and ZooKeeper state")
@@ -343,7 +360,8 @@ def main() -> int:
     print_table(report["designs"])
     say(f"report: {path}")
     hashq = report["designs"].get("hashq")
-    clean = hashq is None or hashq["verdict"]["clean"]
+    resized = all(r["seconds"] is not None for r in (hashq or {}).get("resizes") or [])
+    clean = hashq is None or (hashq["verdict"]["clean"] and resized)
     print("\n  " + ("hashq: CLEAN" if clean else "hashq: FAILED"))
     return 0 if clean else 1
 

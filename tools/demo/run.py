@@ -1,8 +1,9 @@
 """``make run``: the live demo of the main job.
 
 Two coordinators and two workers run ``tools.demo.videos:transcode`` while a publisher streams
-uploads of a thousand users. Part way, a third worker joins, one worker is stopped gracefully
-(SIGTERM) and one is killed (SIGKILL) while a fourth joins. The status is shown as it changes;
+uploads of a thousand users. Part way, a third worker joins, the app grows to twice its buckets
+(``hashq resize``), one worker is stopped gracefully (SIGTERM) and one is killed (SIGKILL) while a
+fourth joins. The status is shown as it changes;
 at the end the checker reads what the handlers recorded and reports published, processed,
 keys, order violations and lost messages. Exit status 0 only if nothing was lost or reordered.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq.admin.apps import remove_app
 from hashq.admin.status import gather_status
+from hashq.errors import BatchPublishError
 from hashq.provision import ensure_topology
 from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
@@ -33,7 +35,11 @@ from tools.executions import Growing
 from tools.launcher import Fleet
 
 
-def start(fleet: Fleet, name: str) -> None:
+def start(fleet: Fleet, name: str, buckets: int) -> None:
+    if name == "resize":
+        fleet.start(name, "-m", "hashq.admin.cli", "resize", "--buckets", str(2 * buckets))
+        say(f"hashq resize --buckets {2 * buckets}")
+        return
     if name.startswith("coordinator"):
         fleet.start(name, "-m", "hashq_coordinator.cli", "--coordinator-id", name)
     else:
@@ -45,20 +51,34 @@ def start(fleet: Fleet, name: str) -> None:
 async def publish_stream(
     settings: Settings, users: int, rate: float, seconds: float, published: dict[str, int]
 ) -> None:
-    """Uploads of ``users`` users at about ``rate`` per second, numbered per user."""
+    """Uploads of ``users`` users at about ``rate`` per second, numbered per user. A batch holds
+    one upload per user at most, and what was not confirmed (returned while a resize switches
+    the routing) is published again before the next batch: each user's order holds."""
     rng = random.Random(7)
     deadline = time.monotonic() + seconds
     async with Publisher(settings) as publisher:
         while time.monotonic() < deadline:
-            batch = []
+            batch: dict[str, Outgoing] = {}
             for _ in range(int(rate / 10)):
                 user = f"user-{rng.randrange(users):04d}"
+                if user in batch:
+                    continue
                 seq = published.get(user, 0)
                 published[user] = seq + 1
                 body = {"seq": seq, "video": f"{user}/clip-{seq}.mp4"}
-                batch.append(Outgoing(user, json.dumps(body).encode()))
-            await publisher.publish_many(batch)
+                batch[user] = Outgoing(user, json.dumps(body).encode())
+            await publish_until_confirmed(publisher, list(batch.values()))
             await asyncio.sleep(0.1)
+
+
+async def publish_until_confirmed(publisher: Publisher, batch: list[Outgoing]) -> None:
+    while batch:
+        try:
+            await publisher.publish_many(batch)
+            return
+        except BatchPublishError as failed:
+            batch = [batch[failure.index] for failure in failed.failures]
+            await asyncio.sleep(0.2)
 
 
 async def show_status(settings: Settings, record: Growing, published: dict[str, int]) -> None:
@@ -68,9 +88,13 @@ async def show_status(settings: Settings, record: Growing, published: dict[str, 
     )
     leader = status.ownership.leader.leader if status.ownership.leader else "none"
     moving = f"moving {status.in_transit}" if status.in_transit else "no handover"
+    resize = status.ownership.resize
+    if resize is not None and resize.under_way:
+        moving += f" | resize to {resize.new}: {resize.phase.value}"
     processed = await asyncio.to_thread(record.count)
     say(
-        f"leader {leader} | workers {workers or '-'} | {moving} | queued {status.total_messages:,}"
+        f"leader {leader} | {len(status.buckets)} buckets | workers {workers or '-'} | {moving}"
+        f" | queued {status.total_messages:,}"
         f" | published {sum(published.values()):,} | processed {processed:,}"
     )
 
@@ -91,13 +115,14 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
     say(f"app {settings.app}: {settings.buckets} buckets; logs and records in {scratch}")
     try:
         for name in ("coordinator-1", "coordinator-2", "worker-1", "worker-2"):
-            start(fleet, name)
+            start(fleet, name, settings.buckets)
         await asyncio.sleep(3)
         publisher = asyncio.ensure_future(
             publish_stream(settings, args.users, args.rate, args.seconds, published)
         )
         timeline = [
             (0.25, "worker-3", None),
+            (0.35, "resize", None),
             (0.5, "worker-1", signal.SIGTERM),
             (0.75, "worker-2", signal.SIGKILL),
             (0.75, "worker-4", None),
@@ -105,12 +130,14 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
         started, growing = time.monotonic(), Growing(record)
         # Every event of the timeline is played, even when the publisher and the workers finish
         # early: a short run must still show the kill it promises.
-        while timeline or not publisher.done() or _behind(record, published):
+        while (
+            timeline or not publisher.done() or fleet.alive("resize") or _behind(record, published)
+        ):
             elapsed = (time.monotonic() - started) / args.seconds
             while timeline and timeline[0][0] <= elapsed:
                 _, name, number = timeline.pop(0)
                 if number is None:
-                    start(fleet, name)
+                    start(fleet, name, settings.buckets)
                 else:
                     fleet.signal(name, number)
                     say(f"sent {signal.Signals(number).name} to {name}")
@@ -121,6 +148,7 @@ async def demo(settings: Settings, args: argparse.Namespace) -> int:
             next_event = started + timeline[0][0] * args.seconds if timeline else float("inf")
             await asyncio.sleep(max(0.1, min(2.5, next_event - time.monotonic())))
         await publisher
+        await show_status(settings, growing, published)
     finally:
         fleet.stop_all(within=40)
         if args.keep:

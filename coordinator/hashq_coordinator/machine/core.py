@@ -3,8 +3,7 @@ each observation of ZooKeeper the next commit and the fences to carry out.
 
 ``CoordinatorMachine.handle(event, now)`` returns actions; ``hashq_coordinator.runtime``
 carries them out with kazoo and the management API, the simulator (``tools/sim/``) with its
-models. ``now`` is the caller's monotonic clock: bucket records' ``since`` is kept on it while
-this process leads.
+models. ``now`` is the caller's monotonic clock: records' ``since`` is kept on it while leading.
 
 While leading, one observation at a time: ``Observe`` -> ``Observed`` -> ``Commit`` ->
 ``Committed`` (or ``Deposed``, or ``ExpelRefused``). Fences start only once the records that
@@ -16,9 +15,8 @@ it), the next observation asks the broker whether the incarnation still holds a 
 not, it is expelled: its registration is deleted in the commit, checked against the version
 read before the question, and its buckets are fenced as those of a vanished worker.
 
-Returns (``handover.View.returned``): a fenced bucket is granted ``RETURN_GRACE_SECONDS`` after
-its owner's fence, or once the owner's contact bound lapsed if its queue (``ask_returns``), asked
-after that fence, proves that no consumer holds any of it (``records.queue_holds_nothing``).
+When a fenced bucket may be granted again (its queue took back what the owner held): see
+``handover.View.returned``. The bucket count is the topology record's, read at each observation.
 """
 
 from __future__ import annotations
@@ -99,8 +97,7 @@ class CoordinatorMachine:
         self.expelled = 0  # crashed incarnations expelled (committed)
         self.suspects: dict[Incarnation, float] = {}  # connection closed at (this clock)
         self._asking: tuple[Incarnation, ...] = ()  # suspects the observation under way asks
-        # Buckets whose queue the observation under way asks about, as recorded when asked.
-        self._held_asked: dict[int, BucketRecord] = {}
+        self._held_asked: dict[int, BucketRecord] = {}  # buckets it asks about, as when asked
         self._leader_epoch = 0
         self._version = 0
         self._changed_at = 0.0
@@ -359,8 +356,7 @@ class CoordinatorMachine:
         return [Fence(incarnation) for incarnation in fences]
 
     def _understood(self, workers: Mapping[str, Registration]) -> dict[str, Registration]:
-        """The workers whose protocol this coordinator speaks; a newer one gets nothing, since
-        it may read grants differently. Said once per incarnation, at ERROR."""
+        """The workers whose protocol it speaks (a newer one may read grants otherwise)."""
         known = {}
         for worker, registration in workers.items():
             if registration.version <= PROTOCOL_VERSION:

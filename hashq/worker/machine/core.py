@@ -46,7 +46,6 @@ from hashq.worker.machine.events import (
     SessionChanged,
     SessionConfirmed,
     Stop,
-    Subscribe,
     Withdraw,
 )
 from hashq.worker.machine.leases import WorkerLeases
@@ -125,12 +124,6 @@ class WorkerMachine(WorkerLeases):
             for lease in self.leases.values()
             if lease.phase is Phase.CONSUMING
         }
-
-    def lease_of(self, bucket: int) -> Lease | None:
-        for lease in self.leases.values():
-            if lease.bucket == bucket:
-                return lease
-        return None
 
     # ------------------------------------------------------------ events
     def handle(self, event: Event, now: float) -> list[Action]:
@@ -305,17 +298,6 @@ class WorkerMachine(WorkerLeases):
                 self._subscribe(bucket, epoch, actions)
         self._ask_due(now, actions)
         self._transition(WorkerState.RUNNING if self.consuming() else WorkerState.WAITING)
-
-    def _subscribe(self, bucket: int, epoch: int, actions: list[Action]) -> None:
-        if self.lease_of(bucket) is not None:
-            return  # consumed, or an earlier lease of it has not ended yet
-        if not 0 <= bucket < self.buckets:
-            log.error("granted bucket %d, which does not exist; ignored", bucket)
-            return
-        lease = self._new_lease(next(self._numbers), bucket, epoch, self.connection_number)
-        self.leases[lease.number] = lease
-        if lease.phase is Phase.SUBSCRIBING:
-            actions.append(Subscribe(lease.number, bucket, epoch))
 
     # ------------------------------------------------------------ connection and incarnation
     def _begin(self, now: float, actions: list[Action]) -> None:

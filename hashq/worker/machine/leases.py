@@ -8,6 +8,7 @@ release) inherits these steps; they read and change its fields, declared here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from hashq.records import RETURN_GRACE_SECONDS
 from hashq.worker.machine.events import (
@@ -21,6 +22,7 @@ from hashq.worker.machine.events import (
     ReleaseWritten,
     Session,
     Settled,
+    Subscribe,
     Subscribed,
     WriteRelease,
 )
@@ -50,6 +52,25 @@ class WorkerLeases(WorkerProof):
     counts: WorkerCounts
     _retry_at: float
     _stop_by: float | None
+    buckets: int  # the app's bucket count: a grant of a bucket beyond it is ignored
+    _numbers: Iterator[int]
+
+    def lease_of(self, bucket: int) -> Lease | None:
+        for lease in self.leases.values():
+            if lease.bucket == bucket:
+                return lease
+        return None
+
+    def _subscribe(self, bucket: int, epoch: int, actions: list[Action]) -> None:
+        if self.lease_of(bucket) is not None:
+            return  # consumed, or an earlier lease of it has not ended yet
+        if not 0 <= bucket < self.buckets:
+            log.error("granted bucket %d, which does not exist; ignored", bucket)
+            return
+        lease = self._new_lease(next(self._numbers), bucket, epoch, self.connection_number)
+        self.leases[lease.number] = lease
+        if lease.phase is Phase.SUBSCRIBING:
+            actions.append(Subscribe(lease.number, bucket, epoch))
 
     # ------------------------------------------------------------ events
     def _take_lease_event(self, event: Event, now: float, actions: list[Action]) -> None:

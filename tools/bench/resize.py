@@ -1,12 +1,12 @@
 """The resize step: the pause ``hashq resize`` imposes on the keys it moves, against the backlog
 the old buckets hold at the switch, in one run. For each burst, an app of ``OLD`` buckets, one
-coordinator and one worker running ``sleepy`` (1 to 5 ms), publishing at ``RATE`` per second
-throughout; the resize to ``NEW`` buckets runs in this process, and the burst is published as
-it declares the new queues, so that it is still queued in the old buckets at the switch (the
-routing over ``NEW``). Figures: the old buckets' backlog at the switch; the seconds from the
-switch to the commit, to the first start in a new bucket and to the last new bucket's first
-start; and how long the oldest message of a new bucket waited (publish to start): the longest
-a moved key waited. A publish returned during the switch is counted, not sent again."""
+coordinator and one worker running ``sleepy`` (1 to 5 ms, 4 at once), publishing at ``RATE``
+per second throughout; the resize to ``NEW`` buckets runs in this process, and the burst is
+published as it declares the new queues, so that it is still queued in the old buckets at the
+switch (the routing over ``NEW``). Figures: the old buckets' backlog at the switch; the seconds
+from the switch to the commit, to the first start in a new bucket and to the last new bucket's
+first start; and how long the oldest message of a new bucket waited (publish to start): the
+longest a moved key waited. A publish returned during the switch is counted, not sent again."""
 
 from __future__ import annotations
 
@@ -25,12 +25,19 @@ from tools.bench.rig import Rig, bench_app, keys
 
 OLD, NEW = 8, 16
 RATE = 500.0  # per second, all through the step
-BURSTS = (0, 20_000, 60_000)
+BURSTS = (0, 5_000, 20_000)
+CONCURRENCY = "4"  # handlers at once in the worker: about 1,300 msg/s, so that a burst queues
 KEYS = 10_000
 
 
 async def resize_pause(settings: Settings, folder: Path, quick: bool) -> dict[str, Any]:
-    results: dict[str, Any] = {"old": OLD, "new": NEW, "rate_per_s": RATE, "points": []}
+    results: dict[str, Any] = {
+        "old": OLD,
+        "new": NEW,
+        "rate_per_s": RATE,
+        "concurrency": int(CONCURRENCY),
+        "points": [],
+    }
     for burst in BURSTS[:2] if quick else BURSTS:
         app = settings.model_copy(
             update={"app": f"bench-resize-{burst}-{time.strftime('%H%M%S')}", "buckets": OLD}
@@ -43,7 +50,7 @@ async def resize_pause(settings: Settings, folder: Path, quick: bool) -> dict[st
 async def _one(settings: Settings, folder: Path, burst: int) -> dict[str, Any]:
     async with Rig(settings, folder, 10.0) as rig:
         rig.coordinator()
-        rig.worker("worker-1", "tools.bench.probe:sleepy")
+        rig.worker("worker-1", "tools.bench.probe:sleepy", "--concurrency", CONCURRENCY)
         await rig.consuming(["worker-1"])
         said: dict[str, float] = {}
         declaring, switched = asyncio.Event(), asyncio.Event()
@@ -60,13 +67,13 @@ async def _one(settings: Settings, folder: Path, burst: int) -> dict[str, Any]:
         await asyncio.sleep(2.0)
         resizing = asyncio.ensure_future(resize(settings.model_copy(update={"buckets": NEW}), say))
         await declaring.wait()
-        await rig.publish(burst, KEYS)
+        returned = await _publish(settings, burst)
         await switched.wait()
         backlog = (await gather_status(settings)).total_messages
         await resizing
         await asyncio.sleep(3.0)
         stop.set()
-        returned = await steady
+        returned += await steady
         await rig.drained()
         return _figures(rig, said["the"], said["committed:"], backlog, burst, returned)
 
@@ -90,6 +97,19 @@ def _figures(
         "new_buckets_started": len(firsts),
         "returned_in_switch": returned,
     }
+
+
+async def _publish(settings: Settings, count: int) -> int:
+    """``count`` messages as fast as they go; returns how many were returned (the switch)."""
+    chosen, returned = keys(KEYS, seed=6), 0
+    async with Publisher(settings) as publisher:
+        for start in range(0, count, 1_000):
+            batch = [Outgoing(next(chosen), stamp()) for _ in range(min(1_000, count - start))]
+            try:
+                await publisher.publish_many(batch)
+            except BatchPublishError as failed:
+                returned += len(failed.failures)
+    return returned
 
 
 async def _publish_steadily(settings: Settings, stop: asyncio.Event) -> int:

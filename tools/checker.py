@@ -8,9 +8,11 @@ was dead-lettered and what is still queued.
 - reordered: per key, the first execution of seq n starts after an execution of a higher seq
   has completed (a repeat of a seq already executed is a redelivery, not a reordering);
 - overlaps: an execution starts while another of its key runs. Within one grant (same bucket and
-  epoch) it is a bug; beside an older epoch's execution of its bucket that started first it is a
-  fenced zombie (what the fencing token is for); beside a newer epoch's, or another bucket's (a
-  key routed to two buckets), it is a stale overlap, a bug. A design without a fencing token
+  epoch) it is a bug; beside an older epoch's execution that started first it is a fenced zombie
+  (what the fencing token is for), if that one is of its bucket, or of another bucket that has
+  started a newer epoch since (a key a resize moved, whose old owner was cut off); beside a newer
+  epoch's, or another bucket's current one (a key routed to two buckets), it is a stale
+  overlap, a bug. A design without a fencing token
   records epoch None: each of its overlaps counts as one within a grant;
 - stale starts: an execution starts at a lower epoch than one its bucket already started at. A
   fenced owner must start nothing more, whatever key it is;
@@ -204,7 +206,9 @@ class Checker:
         if first.epoch is None or second.epoch is None or first.grant == second.grant:
             text = f"{where} while seq {first.seq} runs on {first.worker or '?'}"
             self._found("overlap within an epoch", self.verdict.overlapping_same_epoch, text)
-        elif first.bucket == second.bucket and first.epoch < second.epoch:
+        elif first.epoch < second.epoch and (
+            first.bucket == second.bucket or self.newest_start(first.bucket) > first.epoch
+        ):
             self.verdict.overlapping_zombie.append(f"{where} while epoch {first.epoch} runs")
         else:
             text = f"{where} while bucket {first.bucket} epoch {first.epoch} runs"

@@ -110,7 +110,7 @@ class _Resizer:
             await self._mark(read, waiting)
         elif step is Step.COMMIT:
             await asyncio.to_thread(self._commit, read)
-            self.say(f"committed: the new buckets {old}..{self.wanted - 1} are granted now")
+            self.say(f"committed: the leader grants buckets {old}..{self.wanted - 1} now")
 
     # ------------------------------------------------------------ ZooKeeper
     def _read(self) -> Read:

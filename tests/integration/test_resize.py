@@ -99,10 +99,13 @@ async def test_a_resize_under_load_killed_half_way_and_run_again_keeps_every_key
     publishing = asyncio.ensure_future(_publish_in_order(initialized, keys, per_key))
     await eventually(lambda: len(read_appended(record)) > 1_000, within=60)
 
+    old_epochs = [record.epoch for record in zk_view.records(8).values()]
     first = _resize_command(initialized, tmp_path, 16, "resize-1")
     await eventually(lambda: "markers sent" in first.output(), within=60)
     first.kill()  # kill -9 at the barrier: old buckets still finish what they had
     assert zk_view.resize_phase() is ResizePhase.BARRIER
+    status = hashq(initialized, "status")
+    assert "resize under way: 8 -> 16 buckets, barrier" in status.stdout, status.stdout[:2000]
     again = _resize_command(initialized, tmp_path, 16, "resize-2")
     assert await asyncio.to_thread(again.wait, 120) == 0, again.output()[-2000:]
     assert "app t has 16 buckets" in again.output()
@@ -112,6 +115,8 @@ async def test_a_resize_under_load_killed_half_way_and_run_again_keeps_every_key
     report = await asyncio.to_thread(wait_for_executions, record, expected, 120)
     assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
     await eventually(lambda: zk_view.all_granted(16, {"w1", "w2"}))
+    new_epochs = [record.epoch for b, record in zk_view.records(16).items() if b >= 8]
+    assert min(new_epochs) > max(old_epochs), "a moved key's epoch went down: no fencing token"
     new_buckets = {r["bucket"] for r in read_appended(record) if int(r["bucket"]) >= 8}
     assert new_buckets, "no message ran in a new bucket"
     print(f"returned in the switch: {returned}; new buckets used: {sorted(new_buckets)}")

@@ -305,3 +305,18 @@ def test_the_longest_stall_of_each_bucket_names_the_fault_in_force() -> None:
     worst, other = recoveries(faults, history)["stalls"]
     assert (worst["bucket"], worst["seconds"], worst["causes"]) == (0, 14.0, ["cut amqp worker w1"])
     assert (other["bucket"], other["seconds"], other["causes"]) == (1, 2.0, [])
+
+
+def test_a_moved_key_s_zombie_in_its_old_bucket_is_a_fenced_zombie_only_once_replaced() -> None:
+    """A resize moved key a from bucket 1 to bucket 8. Its run in bucket 1 at epoch 6 overlaps
+    its next run in bucket 8 at epoch 8: a fenced zombie if bucket 1 has started a newer epoch
+    since (its owner was cut off), a stale overlap (the barrier broken) if not."""
+    old = run("a", 0, 0, 10, epoch=6, worker="zombie", bucket=1)
+    moved = run("a", 1, 5, 6, epoch=8, worker="w2", bucket=8)
+    replaced = run("b", 0, 2, 3, epoch=7, worker="w2", bucket=1)
+    fenced = judge(sent(("a", 0), ("a", 1), ("b", 0)), [old, replaced, moved], set())
+    assert (len(fenced.overlapping_zombie), len(fenced.overlapping_stale)) == (1, 0)
+    assert fenced.clean
+    broken = judge(sent(("a", 0), ("a", 1)), [old, moved], set())
+    assert (len(broken.overlapping_zombie), len(broken.overlapping_stale)) == (0, 1)
+    assert not broken.clean

@@ -229,3 +229,19 @@ def test_an_assignment_without_incoming_buckets_reads_as_before_the_field() -> N
     assert Assignment.decode(plain.encode()) == plain
     moving = Assignment("i1", {3: 7}, 2, (5, 1))
     assert Assignment.decode(moving.encode()) == Assignment("i1", {3: 7}, 2, (1, 5))
+
+
+def test_a_bucket_granted_for_the_first_time_starts_above_every_epoch() -> None:
+    """A resize's new bucket: the keys that move to it keep a rising epoch (their old bucket's
+    zombie carries a lower one), so ``msg.epoch`` stays a fencing token per key."""
+    a = _registration("a", 0)
+    records = {
+        0: BucketRecord(BucketState.GRANTED, "a", a.incarnation, 7),
+        1: BucketRecord(BucketState.GRANTED, "a", a.incarnation, 3),
+    }
+    view = View(3, records, {"a": a}, frozenset(), frozenset(), 100.0, 30.0, fences_done=None)
+    granted = step(view, {0: "a", 1: "a", 2: "a"}).records
+    assert list(granted) == [2]
+    assert (granted[2].state, granted[2].epoch) == (BucketState.GRANTED, 8)
+    fresh = View(2, {}, {"a": a}, frozenset(), frozenset(), 100.0, 30.0, fences_done=None)
+    assert {r.epoch for r in step(fresh, {0: "a", 1: "a"}).records.values()} == {1}

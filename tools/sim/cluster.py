@@ -316,8 +316,7 @@ class Cluster:
         """The handler is fixed; the operator releases the key (or drops what it parked)."""
         self.poisoning.failing.discard(poison.key)
         state = ParkedState.DROPPING if poison.drop else ParkedState.RELEASING
-        bucket = self.broker.bucket_of(poison.key)
-        if set_state(self.zk, PATHS, poison.key, bucket, state):
+        if set_state(self.zk, PATHS, poison.key, state):
             self.world.note(f"operator: {poison.key} {state.value}")
 
     def _release_all(self) -> None:
@@ -325,7 +324,7 @@ class Cluster:
         self.poisoning.failing.clear()
         for record in parked_records(self.zk, PATHS):
             if record.state is ParkedState.PARKED:
-                set_state(self.zk, PATHS, record.key, record.bucket, ParkedState.RELEASING)
+                set_state(self.zk, PATHS, record.key, ParkedState.RELEASING)
 
     def _resize(self, plan: ResizePlan, again: bool = False) -> None:
         """Run ``hashq resize``; if the plan says so, kill it and run it again later."""

@@ -416,6 +416,13 @@ MUTATIONS = (
         "                self.later(hop() * k, lambda c=count: broker.route(c))\n",
     ),
     Mutation(
+        "new-bucket-epoch-from-1",
+        "a resize's new bucket is first granted at epoch 1, below its moved keys' old epochs",
+        "coordinator/hashq_coordinator/machine/handover.py",
+        "record = view.records.get(bucket, unseen)",
+        "record = view.records.get(bucket, BucketRecord())",
+    ),
+    Mutation(
         "stale-marker-counted",
         "the marker of an earlier resize counts for a later one",
         "hashq/resizing.py",

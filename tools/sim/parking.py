@@ -15,7 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hashq.parked import ParkedRecord, ParkedState, bucket_of_parked_name, parked_name
+from hashq.parked import (
+    ParkedRecord,
+    ParkedState,
+    bucket_of_parked_name,
+    key_digest,
+    parked_name,
+)
 from hashq.worker.machine import parking as pk
 from tools.sim.links import cut_zk, heal_zk
 from tools.sim.process import Process
@@ -313,10 +319,14 @@ def draw_poisons(seed: int, keys: int, horizon: float) -> list[Poison]:
     return poisons
 
 
-def set_state(zk: ZooKeeper, paths: Any, key: str, bucket: int, state: ParkedState) -> bool:
+def set_state(zk: ZooKeeper, paths: Any, key: str, state: ParkedState) -> bool:
     """What ``hashq parked release`` / ``drop`` writes: the state, with the version read.
-    False if the key has no record."""
-    path = f"{paths.parked}/{parked_name(bucket, key)}"
+    False if the key has no record. Found by the key's digest, whatever its bucket (a resize
+    changes the bucket the ring sends the key to, not where its record is)."""
+    names = [n for n in zk.children(paths.parked) if n.endswith(f"-{key_digest(key)}")]
+    if not names:
+        return False
+    path = f"{paths.parked}/{names[0]}"
     while True:
         try:
             data, stat = zk.get(path)

@@ -171,8 +171,12 @@ def step(view: View, plan: Mapping[int, str | None], settled: bool = True) -> De
     rolling restart causes no storm), but buckets without an owner are granted, handovers
     under way go on, and buckets of vanished owners are fenced."""
     decision = Decision()
+    # A bucket never granted (a resize's new one) is first granted above every bucket's epoch:
+    # the keys that move to it keep a rising epoch, so ``msg.epoch`` stays a fencing token per
+    # key (a moved key's zombie in its old bucket carries a lower one).
+    unseen = BucketRecord(epoch=max((r.epoch for r in view.records.values()), default=0))
     for bucket in range(view.buckets):
-        record = view.records.get(bucket, BucketRecord())
+        record = view.records.get(bucket, unseen)
         target = _target(record, plan.get(bucket), settled, view)
         following = _next(bucket, record, target, view, decision)
         if following != record:

@@ -109,6 +109,17 @@ def test_a_bug_the_simulation_found_stays_fixed_and_its_seed_still_finds_it(bug:
 # tests/unit/test_parked_keys.py keeps the rule, and fails under the mutation.
 
 
+def test_a_resize_bug_the_simulation_found_stays_fixed_and_its_seed_still_finds_it() -> None:
+    """Seed 959 (issue 19): a key a resize moved ran in its new bucket at epoch 1 while its
+    old bucket's owner, frozen and cut off, still ran one of its messages at epoch 6. Drawn
+    with resizes (the default), unlike the seeds above."""
+    assert simulate(959, STEPS).violation == ""
+    budget = Budget(seeds=1, first=959, jobs=1, steps=STEPS)
+    mutated = run_mutation(BY_NAME["new-bucket-epoch-from-1"], budget)
+    assert mutated.error == ""
+    assert mutated.failed == (959,), "seed 959 no longer shows a moved key's epoch going down"
+
+
 def test_a_budget_of_seeds_keeps_every_invariant() -> None:
     failed = {
         outcome.seed: outcome.violation

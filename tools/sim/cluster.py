@@ -32,7 +32,7 @@ from tools.sim.parking import (
     set_state,
 )
 from tools.sim.rabbit import Broker
-from tools.sim.resizer import ResizePlan, SimResizer, draw_resizes
+from tools.sim.resizer import ResizePlan, SimResizer, draw_resizes, start_resize
 from tools.sim.worker import DRAIN_TIMEOUTS, PATHS, WITHDRAW_DELAYS, SimWorker, WorkerConfig
 from tools.sim.world import Violation, World
 from tools.sim.zoo import NoNode, ZooKeeper
@@ -285,7 +285,7 @@ class Cluster:
         for poison in self.scenario.poisons:
             self.world.after(poison.at, lambda p=poison: self._poison(p))  # type: ignore[misc]
         for plan in self.scenario.resizes:
-            self.world.after(plan.at, lambda p=plan: self._resize(p))  # type: ignore[misc]
+            self.world.after(plan.at, lambda p=plan: start_resize(self, p))  # type: ignore[misc]
         pending = sorted(self.faults, key=lambda f: f.at)
         try:
             while self.world.steps < steps and pending:
@@ -293,7 +293,7 @@ class Cluster:
                 self.world.run_until(fault.at, self._check)
                 if self.world.steps >= steps:
                     break
-                self._apply(fault)
+                self.apply_fault(fault)
             self._heal()
             self._publishing = False
             self._finish()
@@ -326,41 +326,10 @@ class Cluster:
             if record.state is ParkedState.PARKED:
                 set_state(self.zk, PATHS, record.key, ParkedState.RELEASING)
 
-    def _resize(self, plan: ResizePlan, again: bool = False) -> None:
-        """Run ``hashq resize``; if the plan says so, kill it and run it again later."""
-        armed = None if again or not plan.barrier_fault else lambda: self._at_barrier(plan)
-        name = f"r{len(self.resizers)}"
-        resizer = SimResizer(self.world, name, self.broker, self.zk, PATHS, plan.to, armed)
-        self.resizers.append(resizer)
-        self.world.note(f"{name}: hashq resize --buckets {plan.to}")
-        resizer.start()
-        if plan.dies_after is not None and not again:
-
-            def die() -> None:
-                if not resizer.finished:
-                    self.world.note(f"{name}: killed")
-                    resizer.kill()
-                    self.world.after(plan.rerun_after, lambda: self._resize(plan, again=True))
-
-            self.world.after(plan.dies_after, die)
-
-    def _at_barrier(self, plan: ResizePlan) -> None:
-        """The markers are out: an old bucket's owner (or the leader) meets a fault."""
-        kind, rng = plan.barrier_fault, self.world.rng
-        if kind == "coordinator-crash":
-            target = rng.randrange(len(self.coordinators))
-        else:
-            record = _read_record(self.zk, rng.randrange(self.broker.initial_buckets))
-            owners = [w.name for w in self.workers]
-            if record is None or record.owner not in owners:
-                return
-            target = owners.index(str(record.owner))
-        self._apply(Fault(self.world.now, kind, target, plan.fault_for))
-
     def _check(self) -> None:
         """The invariants checked on every step beyond those seen as executions start and end."""
 
-    def _apply(self, fault: Fault) -> None:
+    def apply_fault(self, fault: Fault) -> None:
         if apply(self, fault):
             self.outcome.applied.append(fault)
             self.outcome.fault_counts[fault.kind] += 1

@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hashq.records import Paths
+from hashq.records import BucketRecord, Paths
 from hashq.resizing import (
     SWITCH_SETTLE_SECONDS,
     Decision,
@@ -27,10 +27,15 @@ from hashq.resizing import (
     passed_buckets,
 )
 from hashq.topology import Topology
+from tools.sim.faults import Fault
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker
+from tools.sim.worker import PATHS
 from tools.sim.world import World
 from tools.sim.zoo import NoNode, ZkClient, ZkError, ZooKeeper
+
+if TYPE_CHECKING:
+    from tools.sim.cluster import Cluster
 
 POLL_SECONDS = 0.5  # how often the resizer reads the passed nodes while it waits
 REMARK_SECONDS = 30.0  # markers published again into the old buckets not passed by then
@@ -72,6 +77,44 @@ def draw_resizes(seed: int, buckets: int, horizon: float) -> tuple[ResizePlan, .
         )
         at += rng.uniform(20.0, 120.0)
     return tuple(plans)
+
+
+def start_resize(cluster: Cluster, plan: ResizePlan, again: bool = False) -> None:
+    """Run ``hashq resize``; if the plan says so, kill it and run it again later."""
+    armed = None if again or not plan.barrier_fault else lambda: _at_barrier(cluster, plan)
+    world, name = cluster.world, f"r{len(cluster.resizers)}"
+    resizer = SimResizer(world, name, cluster.broker, cluster.zk, PATHS, plan.to, armed)
+    cluster.resizers.append(resizer)
+    world.note(f"{name}: hashq resize --buckets {plan.to}")
+    resizer.start()
+    if plan.dies_after is None or again:
+        return
+
+    def die() -> None:
+        if not resizer.finished:
+            world.note(f"{name}: killed")
+            resizer.kill()
+            world.after(plan.rerun_after, lambda: start_resize(cluster, plan, again=True))
+
+    world.after(plan.dies_after, die)
+
+
+def _at_barrier(cluster: Cluster, plan: ResizePlan) -> None:
+    """The markers are out: an old bucket's owner (or the leader) meets a fault."""
+    kind, rng = plan.barrier_fault, cluster.world.rng
+    if kind == "coordinator-crash":
+        target = rng.randrange(len(cluster.coordinators))
+    else:
+        path = PATHS.bucket(rng.randrange(cluster.broker.initial_buckets))
+        try:
+            owner = BucketRecord.decode(cluster.zk.get(path)[0]).owner
+        except NoNode:
+            return
+        owners = [worker.name for worker in cluster.workers]
+        if owner not in owners:
+            return
+        target = owners.index(str(owner))
+    cluster.apply_fault(Fault(cluster.world.now, kind, target, plan.fault_for))
 
 
 class SimResizer(Process):

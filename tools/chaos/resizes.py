@@ -1,9 +1,10 @@
 """Resizes in the chaos run (hashq only): ``hashq resize --buckets N`` for each count of
 ``--resize`` (say ``24,64`` from 16), under the load and the faults. The first is killed with
 -9 once it says its markers are out (old buckets still finishing) and run again; any run that
-ends otherwise than with exit status 0 (a server restarted under it) is run again too, until
-the app has the count. The checker then judges every key as usual: a key that moved must have
-run its messages in order across its old and new bucket.
+ends otherwise than with exit status 0 (a server restarted under it, or a refusal while a
+poison key that would move is parked) is run again 5 s later, until the app has the count. The
+checker then judges every key as usual: a key that moved must have run its messages in order
+across its old and new bucket.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tools import say
 from tools.launcher import Fleet
 
 MARKERS_OUT = "markers sent"
+AGAIN_AFTER = 5.0  # seconds before a run that failed (a server restarting, a refusal) is repeated
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Resizes:
             Resize(count, duration * (n + 1) / (len(counts) + 1)) for n, count in enumerate(counts)
         ]
         self._running: str | None = None
+        self._again_at = 0.0  # monotonic: not before then
 
     async def follow(self) -> None:
         """Tick every 0.2 s until every resize is done (the kill at the barrier must not miss
@@ -55,7 +58,8 @@ class Resizes:
         name = self._running
         process = self._fleet.processes.get(name) if name else None
         if process is None:
-            self._start(current)
+            if time.monotonic() >= self._again_at:
+                self._start(current)
             return
         if process.alive:
             if current is self._todo[0] and current.killed == 0 and MARKERS_OUT in process.output():
@@ -70,7 +74,7 @@ class Resizes:
             say(f"chaos: the app has {current.count} buckets ({current.took:.1f}s)")
             self._running = None
             return
-        self._start(current)
+        self._running, self._again_at = None, time.monotonic() + AGAIN_AFTER
 
     def _start(self, resize: Resize) -> None:
         resize.runs += 1

@@ -324,6 +324,11 @@ class BucketLease:
         return len(self._core.parked.keys)
 
     @property
+    def markers_held(self) -> int:
+        """Resize markers delivered and not acknowledged yet (``hashq.resizing``)."""
+        return self._core.markers_held
+
+    @property
     def parking_unread(self) -> str | None:
         """Why its parked keys could not be read yet, if so: nothing of the bucket starts."""
         return self._parking.unread if self._parking is not None else None

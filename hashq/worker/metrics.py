@@ -59,6 +59,8 @@ class LeaseGauges(Protocol):
     def parked_keys(self) -> int: ...
     @property
     def parking_unread(self) -> str | None: ...
+    @property
+    def markers_held(self) -> int: ...
 
 
 class WorkerMetrics(Collector):
@@ -117,6 +119,12 @@ class WorkerMetrics(Collector):
                 "Buckets consumed that start nothing: their parked keys could not be read from "
                 "ZooKeeper yet",
                 lambda: sum(lease.parking_unread is not None for lease in leases()),
+            ),
+            "hashq_resize_markers_held": (
+                "Resize markers delivered and not passed yet: what came before them is not "
+                "finished, a key parked in their bucket would move, or ZooKeeper did not take "
+                "the passed node",
+                lambda: sum(lease.markers_held for lease in leases()),
             ),
         }
 

@@ -1,6 +1,9 @@
-"""Worker machines in a known state, for the tests that drive ``WorkerMachine`` by events."""
+"""Worker machines in a known state, for the tests that drive ``WorkerMachine`` by events, and
+the job a ``LeaseCore`` holds in the tests that drive a lease by calls."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from hashq.records import Assignment
 from hashq.worker.machine import events as ev
@@ -27,3 +30,14 @@ def granted_bucket_0(machine: WorkerMachine) -> ev.Subscribe:
     (subscribe,) = machine.handle(ev.AssignmentRead(1, Assignment("i1", {0: 1})), 0.2)
     assert isinstance(subscribe, ev.Subscribe)
     return subscribe
+
+
+@dataclass(eq=False)
+class Job:
+    """A delivery as ``LeaseCore`` sees it (``Keyed``): message ``n`` of ``key``; with
+    ``marker``, a resize's marker (``hashq.resizing``)."""
+
+    key: str
+    n: int
+    from_parking: bool = False
+    marker: int = 0

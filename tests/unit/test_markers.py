@@ -56,6 +56,7 @@ def _lease(calls: list[str], fails: int = 0) -> tuple[BucketLease, Job]:
 async def test_a_marker_passes_after_the_acks_ahead_of_it_are_in_and_is_acknowledged_last() -> None:
     calls: list[str] = []
     lease, marker = _lease(calls)
+    assert lease.markers_held == 1  # the gauge hashq_resize_markers_held counts it
     assert lease._core.passable() == [marker]
     await lease._pass(marker)
     assert calls == [
@@ -63,7 +64,7 @@ async def test_a_marker_passes_after_the_acks_ahead_of_it_are_in_and_is_acknowle
         "bucket 3 passed its marker of 16",
         "ack 1",
     ]
-    assert lease._core.idle
+    assert lease._core.idle and lease.markers_held == 0
 
 
 async def test_a_marker_whose_channel_went_is_not_said_passed() -> None:

@@ -3,22 +3,13 @@ of docs/protocol.md, "Parked keys", as the machine keeps it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hashq.parked import ParkedRecord, ParkedState, bucket_of_parked_name, parked_name
 from hashq.worker.machine import parking as pk
 from hashq.worker.machine.lease import LeaseCore
 from hashq.worker.machine.parking import Fate, Outcome, ParkPhase, RecordOp
+from tests.support.machines import Job
 
 EPOCH = 5
-
-
-@dataclass(eq=False)
-class Job:
-    key: str
-    n: int
-    from_parking: bool = False
-    marker: int = 0
 
 
 def lease(found: list[tuple[ParkedRecord, int]] | None = None) -> LeaseCore[Job]:

@@ -4,8 +4,6 @@ before it is finished (``LeaseCore.passable``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from hashq.parked import ParkedRecord
@@ -22,6 +20,7 @@ from hashq.resizing import (
     passed_name,
 )
 from hashq.worker.machine.lease import LeaseCore
+from tests.support.machines import Job
 
 
 def test_a_resize_goes_begin_switch_mark_commit_done() -> None:
@@ -74,14 +73,6 @@ def test_growing_the_ring_moves_a_key_only_to_a_new_bucket(old: int, new: int) -
 # ----------------------------------------------------------------------------- a lease's marker
 
 BUCKET = 3
-
-
-@dataclass(eq=False)
-class Job:
-    key: str
-    n: int
-    from_parking: bool = False
-    marker: int = 0
 
 
 def lease(parks: bool = False) -> LeaseCore[Job]:

@@ -211,5 +211,9 @@ class LeaseCore(Generic[J]):
         return len(self._running)
 
     @property
+    def markers_held(self) -> int:
+        return len(self._markers)
+
+    @property
     def waiting(self) -> int:
         return self._lanes.waiting

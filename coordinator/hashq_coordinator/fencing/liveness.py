@@ -63,7 +63,7 @@ class Liveness:
         holds any of its messages (``hashq.records.queue_holds_nothing``); False otherwise, or if
         the broker cannot be asked."""
         try:
-            queue = self._topology.bucket_queue(bucket)
+            queue = self._topology.queue_name(bucket)  # a resize's new buckets too
             answer = await declare_passive(await self._connect(), queue)
         except Exception as exc:
             log.debug("bucket %d: no word from its queue: %r", bucket, exc)

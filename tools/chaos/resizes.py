@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tools import say
@@ -29,7 +29,6 @@ class Resize:
     killed: int = 0
     started: float | None = None  # monotonic, of the first run
     took: float | None = None  # seconds from the first run's start to the count committed
-    outputs: list[str] = field(default_factory=list)
 
 
 class Resizes:
@@ -67,7 +66,6 @@ class Resizes:
                 current.killed += 1
                 say(f"chaos: {name} killed with -9 at its barrier; running it again")
             return
-        current.outputs.append(process.output()[-400:])
         if process.wait(0) == 0:
             assert current.started is not None
             current.took = time.monotonic() - current.started

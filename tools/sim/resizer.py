@@ -132,7 +132,6 @@ class SimResizer(Process):
         self.broker, self.paths, self.wanted = broker, paths, wanted
         self.client = ZkClient(zk, self.zk_link, 6.0, lambda _: None)
         self.finished = False
-        self.skip_barrier = False  # a mutation: commit without waiting for the markers
         self._marked_at: float | None = None
         self._on_barrier = on_barrier
 
@@ -164,8 +163,6 @@ class SimResizer(Process):
         buckets, record, version, children = answer
         passed = passed_buckets(children, self.wanted)
         decision = next_step(self.wanted, buckets, record, passed)
-        if self.skip_barrier and decision.step is Step.MARK:
-            decision = Decision(Step.COMMIT)
         self.world.note(f"{self.name}: {decision.step.value} {decision.why}")
         self._carry_out(decision, buckets, version)
 

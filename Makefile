@@ -31,9 +31,10 @@ test: venv services
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check hashq coordinator tools tests
-	$(BIN)/ruff format --check hashq coordinator tools tests
+	$(BIN)/ruff check hashq coordinator tools tests examples
+	$(BIN)/ruff format --check hashq coordinator tools tests examples
 	$(BIN)/mypy
+	$(BIN)/hadolint Dockerfile
 
 clean: down
 	rm -rf $(VENV) .services

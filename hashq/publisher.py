@@ -42,6 +42,7 @@ from hashq.provision import ensure_ring, ring_exists
 from hashq.routing import TYPE_HEADER
 from hashq.settings import Settings
 from hashq.topology import Topology
+from hashq.tracing import Tracing, tracing_for
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class Publisher:
     def __init__(self, settings: Settings, *, max_in_flight: int = 1000) -> None:
         self._settings = settings
         self._topology = Topology.from_settings(settings)
+        self._tracing = tracing_for(settings.tracing, self._topology.exchange)
         self._window = asyncio.Semaphore(max_in_flight)
         self._connect_lock = asyncio.Lock()
         self._ring_lock = asyncio.Lock()
@@ -122,11 +124,13 @@ class Publisher:
         """Publish one message; returns its message id once the broker confirmed it. ``body``:
         bytes, str, or a value sent as JSON (a pydantic model, a dict, ...); ``job_type``: the
         handler of a ``hashq.App`` it is for."""
-        prepared = prepare(Outgoing(key, body, headers or {}, message_id, job_type))
-        try:
-            (confirmed,) = await self._publish_prepared([prepared])
-        except BatchPublishError as exc:
-            raise exc.failures[0].error from None
+        with self._sending():
+            outgoing = Outgoing(key, body, headers or {}, message_id, job_type)
+            prepared = prepare(outgoing, self._tracing)
+            try:
+                (confirmed,) = await self._publish_prepared([prepared])
+            except BatchPublishError as exc:
+                raise exc.failures[0].error from None
         return confirmed
 
     async def publish_many(
@@ -141,7 +145,14 @@ class Publisher:
         the rest still go out and then ``BatchPublishError`` names exactly the failed ones.
         ``on_confirmed(n)`` is called with the running count of confirmed messages.
         """
-        return await self._publish_prepared(messages, on_confirmed)
+        with self._sending():
+            return await self._publish_prepared(messages, on_confirmed)
+
+    def _sending(self) -> contextlib.AbstractContextManager[object]:
+        """A producer span while a publish or a batch goes out (``hashq.tracing``)."""
+        if self._tracing is None:
+            return contextlib.nullcontext()
+        return self._tracing.sending()
 
     async def _publish_prepared(
         self,
@@ -153,7 +164,9 @@ class Publisher:
         try:
             for index, message in enumerate(messages):
                 try:
-                    prepared = message if isinstance(message, tuple) else prepare(message)
+                    prepared = (
+                        message if isinstance(message, tuple) else prepare(message, self._tracing)
+                    )
                 except InvalidMessage as exc:
                     key = str(getattr(message, "key", ""))
                     batch.refused(index, PublishError(str(exc), key=key, message_id="-"))
@@ -325,21 +338,24 @@ class Publisher:
             ) from None
 
 
-def prepare(message: Outgoing) -> Prepared:
-    """What goes on the wire for ``message``, or ``InvalidMessage`` before anything is sent."""
+def prepare(message: Outgoing, tracing: Tracing | None = None) -> Prepared:
+    """What goes on the wire for ``message``, or ``InvalidMessage`` before anything is sent;
+    with ``tracing``, its headers carry the current trace context."""
     key = check_key(message.key)
     body, content_type = encode(message.body)
     properties = spec.Basic.Properties(
         delivery_mode=2,  # persistent
         message_id=message.message_id or f"{random.getrandbits(128):032x}",  # 128 random bits
-        headers=_headers(message),
+        headers=_headers(message, tracing),
         content_type=content_type,
     )
     return key, body, properties
 
 
-def _headers(message: Outgoing) -> dict[str, Any] | None:
+def _headers(message: Outgoing, tracing: Tracing | None) -> dict[str, Any] | None:
     headers = dict(message.headers)
     if message.job_type is not None:
         headers[TYPE_HEADER] = message.job_type
+    if tracing is not None and tracing.active:
+        tracing.inject(headers)
     return headers or None

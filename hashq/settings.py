@@ -20,6 +20,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
 
 from hashq.errors import SettingsError
 
@@ -96,6 +97,11 @@ class Settings(BaseSettings):
     )
     event_loop: Literal["asyncio", "uvloop"] = Field(
         "asyncio", description="asyncio's own loop, or uvloop (pip install 'hashq[uvloop]')"
+    )
+    tracing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="OpenTelemetry trace context and spans (pip install 'hashq[otel]'); "
+        "auto: on when installed",
     )
 
     @field_validator("amqp_url")
@@ -374,6 +380,9 @@ def load_settings(kind: type[Settings] = Settings, /, **overrides: Any) -> Setti
         return kind(_secrets_dir=secrets or None, **given)
     except ValidationError as exc:
         raise SettingsError(_describe(exc)) from None
+    except SourceError as exc:  # a secret's file this user may not read (a mount's mode)
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        raise SettingsError(f"{SECRETS_DIR_VARIABLE}: cannot read a secret: {cause}") from None
 
 
 def _describe(exc: ValidationError) -> str:

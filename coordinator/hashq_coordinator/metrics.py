@@ -8,6 +8,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from hashq._io.health import describe_process
 from hashq._io.management import Management
 from hashq.topology import Topology
 
@@ -20,6 +21,7 @@ class CoordinatorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        describe_process(r, "coordinator")
         self.leader = Gauge(
             "hashq_coordinator_leader", "1 while this coordinator leads", registry=r
         )

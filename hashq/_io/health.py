@@ -17,7 +17,15 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    generate_latest,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
 from hashq.errors import ConfigError
 from hashq.settings import ServiceSettings
@@ -27,6 +35,25 @@ log = logging.getLogger(__name__)
 Readiness = Callable[[], tuple[bool, str]]
 REQUEST_SECONDS = 5.0
 MAX_HEADER_LINES = 100
+
+
+def describe_process(registry: CollectorRegistry, component: str) -> None:
+    """What every hashq process serves besides its own counts: prometheus-client's process,
+    platform and garbage-collector metrics (``process_cpu_seconds_total``,
+    ``process_resident_memory_bytes``, ``python_info``, ...), and ``hashq_build_info``, which
+    says which version runs where (1, labelled by version and component)."""
+    from hashq import __version__
+
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    info = Gauge(
+        "hashq_build_info",
+        "1, labelled by the hashq version and the component (worker or coordinator)",
+        ["version", "component"],
+        registry=registry,
+    )
+    info.labels(__version__, component).set(1)
 
 
 class HealthServer:

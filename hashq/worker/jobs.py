@@ -181,12 +181,13 @@ class Outcomes:
         """Whether to log each message done: asked once, since the check costs on the hot path."""
         self._debug = log.isEnabledFor(logging.DEBUG)
 
-    def settle(self, job: Job) -> None:
-        """Acknowledge ``job`` and let its key go on; if its channel is gone, drop it."""
+    def settle(self, job: Job) -> str:
+        """Acknowledge ``job`` and let its key go on; if its channel is gone, drop it (its
+        message went back to the queue). Returns which: ``done`` or ``dropped``."""
         lease = job.lease
         if not lease.ack(job):
             lease.dropped(job)
-            return
+            return "dropped"
         self.processed += 1
         self._metrics.processed[lease.bucket] += 1
         if self._debug:
@@ -199,20 +200,20 @@ class Outcomes:
                 extra=lease.log_fields,
             )
         lease.finished(job)
+        return "done"
 
-    async def failed(self, job: Job, error: Exception, policy: RetryPolicy | None = None) -> None:
+    async def failed(self, job: Job, error: Exception, policy: RetryPolicy | None = None) -> str:
         """The handler raised: retry after the policy's delay (``policy``, its handler's own, or
         the worker's; or the one a ``Retry`` asked for), or dead-letter (at once for a
-        ``Reject``)."""
+        ``Reject``), or park its key. Returns which (a span's ``hashq.outcome``)."""
         lease = job.lease
         self._metrics.failed[lease.bucket] += 1
         job.note_failure()
         if isinstance(error, Reject):
-            await self.dead_letter(job, "rejected", error)
-            return
+            return await self.dead_letter(job, "rejected", error)
         if isinstance(error, Park):
             self.park(job, f"parked by the handler: {error}")
-            return
+            return "parked"
         policy = policy or self._policy
         delay = policy.next_delay(job.attempt)
         asked = isinstance(error, Retry)
@@ -229,26 +230,26 @@ class Outcomes:
         )
         if delay is None and policy.on_failure is OnFailure.PARK:
             self.park(job, f"failed {job.attempt} times: {type(error).__name__}: {error}")
-            return
+            return "parked"
         if delay is None:
-            await self.dead_letter(job, "handler-failed", error)
-            return
+            return await self.dead_letter(job, "handler-failed", error)
         if isinstance(error, Retry) and error.after is not None:
             delay = error.after
         job.next_attempt()
         self._metrics.retried[lease.bucket] += 1
         self._retry_later(job, delay)
+        return "retry"
 
-    async def dead_letter(self, job: Job, reason: str, error: BaseException | None) -> None:
+    async def dead_letter(self, job: Job, reason: str, error: BaseException | None) -> str:
         """Publish ``job`` to the dead-letter exchange, confirmed, then acknowledge it; if the
-        publish fails, try again after the base delay (its key waits)."""
+        publish fails, try again after the base delay (its key waits). Returns which."""
         lease = job.lease
         try:
             await self._dead_letters.publish(job, reason, error)
         except Exception as exc:
             log.warning("bucket %d: dead-lettering failed (%r); retrying", lease.bucket, exc)
             self._retry_later(job, self._policy.base_delay)
-            return
+            return "retry"
         self._metrics.dead_lettered[lease.bucket, reason] += 1
         log.error(
             "bucket %d epoch %d: message %s dead-lettered (%s)",
@@ -259,13 +260,14 @@ class Outcomes:
             extra=lease.log_fields,
         )
         self.settle(job)
+        return "dead-lettered"
 
     def park(self, job: Job, reason: str) -> None:
         job.lease.park(job, reason[:500], time.time())
 
-    async def move(self, job: Job) -> None:
+    async def move(self, job: Job) -> str:
         """Move ``job`` to its parked key's queue, confirmed, then acknowledge it; if the
-        publish fails, try again after the base delay (its key waits)."""
+        publish fails, try again after the base delay (its key waits). Returns which."""
         try:
             await job.lease.move(job)
         except Exception as exc:
@@ -275,9 +277,10 @@ class Outcomes:
                 exc,
             )
             self._retry_later(job, self._policy.base_delay)
-            return
+            return "retry"
         self._metrics.moved[job.lease.bucket] += 1
         self.settle(job)
+        return "moved"
 
     def _retry_later(self, job: Job, delay: float) -> None:
         """``job`` runs again after ``delay`` if its lease still consumes. Meanwhile it does not

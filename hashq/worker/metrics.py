@@ -24,6 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from hashq._io.health import describe_process
+
 HANDLER_SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DRAIN_SECONDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -83,6 +85,7 @@ class WorkerMetrics(Collector):
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        describe_process(self.registry, "worker")
 
     def watch(
         self,

@@ -23,6 +23,7 @@ either shows in the checks (they refuse) or falls in that window.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import time
@@ -34,6 +35,8 @@ from hashq.errors import Undecodable
 from hashq.message import Handler, Message, MessageHandler
 from hashq.routing import App, Route, Router
 from hashq.settings import WorkerSettings
+from hashq.topology import Topology
+from hashq.tracing import Execution, Span, Tracing, current, tracing_for
 from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job, Later, Outcomes
 from hashq.worker.machine.parking import Fate
@@ -74,6 +77,7 @@ class Runners:
         contact: Heard | None = None,
         keys_in_clear: bool = False,
         later: Later | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._router = Router.of(handler, policy)  # which handler a job takes (hashq.App)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hashq-handler")
@@ -81,6 +85,7 @@ class Runners:
         self._awake = awake
         self._contact = contact or _AlwaysHeard()
         self._metrics = metrics
+        self._tracing = tracing
         self._outcomes = Outcomes(
             policy, dead_letters, metrics, self.dispatch, keys_in_clear, later
         )
@@ -114,6 +119,11 @@ class Runners:
             awake=awake,
             contact=contact,
             keys_in_clear=settings.log_keys == "clear",
+            tracing=tracing_for(
+                settings.tracing,
+                Topology.from_settings(settings).exchange,
+                keys_in_clear=settings.log_keys == "clear",
+            ),
         )
 
     def start(self) -> None:
@@ -169,51 +179,71 @@ class Runners:
         if not lease.may_start(job):
             return  # its bucket was closed: the message went back to the queue
         fate = lease.fate(job)
-        if fate is not Fate.RUN:
-            await self._not_run(job, fate)
+        if fate in (Fate.MOVE, Fate.DEAD_LETTER):
+            with self._traced(job) as execution:
+                execution.ended(await self._not_run(job, fate))
             return
+        if fate is not Fate.RUN:
+            return  # it waits with its key, or went back to its parking queue
         try:
             message, route = await self._message(job)
         except Undecodable as exc:
             if lease.may_start(job):  # else it went back to the queue while it was decoded
-                await self._outcomes.dead_letter(job, exc.reason, exc)
+                with self._traced(job) as execution:
+                    execution.ended(await self._outcomes.dead_letter(job, exc.reason, exc), exc)
             return
         if not lease.may_start(job):
             return  # its bucket was closed while its body was decoded in a thread
         lease.started(job)
         job.running(me, message)  # a closing lease may cut it off now
+        if self._tracing is None:
+            await self._handle(job, message, route, None)
+            return
+        with self._tracing.executing(message) as execution:
+            execution.ended(*await self._handle(job, message, route, execution.span))
+
+    def _traced(self, job: Job) -> contextlib.AbstractContextManager[Execution]:
+        """A span for a job that runs no handler (dead-lettered or moved as it is)."""
+        if self._tracing is None:
+            return contextlib.nullcontext(Execution(None))
+        return self._tracing.executing(_bare_message(job))
+
+    async def _handle(
+        self, job: Job, message: Message, route: Route, span: Span | None
+    ) -> tuple[str, Exception | None]:
+        """Call the handler, then settle, retry or dead-letter: what became of it (a span's
+        ``hashq.outcome``, and the handler's exception)."""
+        lease = job.lease
         since = time.perf_counter()
         try:
-            began = await self._call(job, message, route)
+            with current(span):
+                began = await self._call(job, message, route, span)
         except asyncio.CancelledError:
             if not job.was_cut_off:
                 raise
             _uncancel()
             lease.dropped(job)
-            return
+            return "cut-off", None
         except Exception as exc:
             job.returned()
             self._metrics.handler_seconds.observe(time.perf_counter() - since)
-            await self._outcomes.failed(job, exc, route.policy)
-            return
+            return await self._outcomes.failed(job, exc, route.policy), exc
         job.returned()
         if not began:
             self._not_begun(job)
-            return
+            return "not-begun", None
         self._metrics.handler_seconds.observe(time.perf_counter() - since)
-        self._outcomes.settle(job)
+        return self._outcomes.settle(job), None
 
-    async def _not_run(self, job: Job, fate: Fate) -> None:
-        """A parked key's message: moved to its parking queue, or (dropped) dead-lettered; or
-        nothing now (it waits with its key, or went back to its parking queue)."""
+    async def _not_run(self, job: Job, fate: Fate) -> str:
+        """A parked key's message: moved to its parking queue, or (its key dropped)
+        dead-lettered."""
+        job.lease.started(job, fate)
         if fate is Fate.MOVE:
-            job.lease.started(job, fate)
-            await self._outcomes.move(job)
-        elif fate is Fate.DEAD_LETTER:
-            job.lease.started(job, fate)
-            await self._outcomes.dead_letter(job, "dropped", None)
+            return await self._outcomes.move(job)
+        return await self._outcomes.dead_letter(job, "dropped", None)
 
-    async def _call(self, job: Job, message: Message, route: Route) -> bool:
+    async def _call(self, job: Job, message: Message, route: Route, span: Span | None) -> bool:
         """Call the handler; False if the look just before it begins (``_may_begin``) says no:
         on the loop for an async handler, after its body was decoded (which may take long), and
         in its thread for a plain one (``_in_thread``)."""
@@ -227,7 +257,7 @@ class Runners:
             await result
             return True
         message.cancel_event  # noqa: B018 - made here, in the loop's thread, before the thread starts
-        submitted = self._pool.submit(self._in_thread, job, message, route.call)
+        submitted = self._pool.submit(self._in_thread, job, message, route.call, span)
         thread = asyncio.wrap_future(submitted)
         try:
             began: bool = await asyncio.shield(thread)
@@ -237,13 +267,17 @@ class Runners:
             raise
         return began
 
-    def _in_thread(self, job: Job, message: Message, handler: MessageHandler) -> bool:
-        """In the handler's thread: call the handler only if ``_may_begin`` says yes there."""
+    def _in_thread(
+        self, job: Job, message: Message, handler: MessageHandler, span: Span | None
+    ) -> bool:
+        """In the handler's thread: call the handler only if ``_may_begin`` says yes there (with
+        its span current in this thread)."""
         deciding = self._may_begin(job)
         if deciding is None:
             return False
         message.started_at = deciding
-        handler(message)
+        with current(span):
+            handler(message)
         return True
 
     def _may_begin(self, job: Job) -> float | None:
@@ -305,18 +339,25 @@ class Runners:
                 data = json.loads(delivery.body)
             except ValueError as exc:
                 raise Undecodable(f"body is not JSON: {exc}") from None
-        message = Message(
-            key=job.key,
-            body=delivery.body,
-            headers=headers,
-            message_id=properties.message_id,
-            bucket=job.lease.bucket,
-            epoch=job.lease.epoch,
-            redelivered=job.redelivered,
-            attempt=job.attempt,
-            data=data,
-        )
+        message = _bare_message(job, headers)
+        message.data = data
         return message, route
+
+
+def _bare_message(job: Job, headers: dict[str, Any] | None = None) -> Message:
+    """``job``'s message as its handler sees it, its body not decoded."""
+    delivery = job.delivery
+    properties = delivery.header.properties
+    return Message(
+        key=job.key,
+        body=delivery.body,
+        headers=dict(properties.headers or {}) if headers is None else headers,
+        message_id=properties.message_id,
+        bucket=job.lease.bucket,
+        epoch=job.lease.epoch,
+        redelivered=job.redelivered,
+        attempt=job.attempt,
+    )
 
 
 def _uncancel() -> None:

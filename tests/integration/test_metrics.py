@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from hashq import __version__
 from hashq._io.health import HealthServer
 from hashq.parked import parked_name
 from hashq.publisher import Outgoing, Publisher
@@ -23,7 +23,7 @@ from hashq.settings import Settings
 from hashq.topology import Topology
 from hashq.worker.starvation import STARVED_AFTER
 from tests.support.grants import Grants
-from tests.support.helpers import hashq
+from tests.support.helpers import free_port, hashq
 from tests.support.workers import (
     StartWorker,
     WorkerProcess,
@@ -35,12 +35,6 @@ from tests.support.workload import publish, workload
 from tools.polling import eventually
 
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -120,6 +114,11 @@ async def test_worker_and_coordinator_report_what_happened(
     assert total(worker, "hashq_zookeeper_connected") == 1
     assert total(worker, "hashq_worker_state", state="running") == 1
     assert get(worker_port, "/livez")[0] == 200
+    for scraped, component in ((worker, "worker"), (scrape(coordinator_port), "coordinator")):
+        assert total(scraped, "hashq_build_info", version=__version__, component=component) == 1
+        assert total(scraped, "process_cpu_seconds_total") > 0
+        assert total(scraped, "process_resident_memory_bytes") > 0
+        assert total(scraped, "python_info") == 1
 
     await eventually(lambda: total(scrape(coordinator_port), "hashq_dead_letter_messages") == 1)
     leader = scrape(coordinator_port)

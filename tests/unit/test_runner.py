@@ -18,6 +18,7 @@ from hashq.message import Message
 from hashq.routing import Route
 from hashq.settings import Settings
 from hashq.topology import Topology
+from hashq.tracing import Tracing
 from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job
 from hashq.worker.machine.parking import Fate
@@ -39,7 +40,7 @@ async def test_a_thread_handler_cut_off_twice_is_waited_for_until_it_returns() -
     runners = _runners(handler, concurrency=1, threads=1)
     message = Message("k", b"", {}, "m", bucket=0, epoch=1, redelivered=False, attempt=1)
     route = Route.of(handler)
-    call = asyncio.ensure_future(runners._call(_job(_Lease(), 1), message, route))
+    call = asyncio.ensure_future(runners._call(_job(_Lease(), 1), message, route, None))
     await asyncio.sleep(0.1)
     for _ in range(2):  # cut off, and cut off again
         call.cancel()
@@ -118,6 +119,7 @@ def _runners(
     threads: int,
     awake: Callable[[], bool] = lambda: True,
     contact: Heard | None = None,
+    tracing: Tracing | None = None,
 ) -> Runners:
     return Runners(
         handler,  # type: ignore[arg-type]
@@ -129,6 +131,7 @@ def _runners(
         metrics=WorkerMetrics(["running"]),
         awake=awake,
         contact=contact,
+        tracing=tracing,
     )
 
 

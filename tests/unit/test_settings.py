@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,6 +110,28 @@ def test_settings_may_come_from_files_and_variables_win(
     assert settings.app == "billing"
     monkeypatch.setenv("HASHQ_SECRETS_DIR", str(tmp_path / "missing"))
     with pytest.raises(SettingsError, match=r"HASHQ_SECRETS_DIR: .* is not a directory"):
+        load_settings()
+
+
+def test_a_secret_file_this_user_cannot_read_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Compose mounts a secret with its mode on the host; the process runs as another user."""
+    secret = tmp_path / "HASHQ_AMQP_URL"
+    secret.write_text("amqp://u:p@h:1/")
+    monkeypatch.setenv("HASHQ_SECRETS_DIR", str(tmp_path))
+    real_read = Path.read_text
+
+    def unreadable(path: Path, *args: Any, **kwargs: Any) -> str:
+        if path.name == secret.name:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", unreadable)  # root reads any file: pretend
+    with pytest.raises(
+        SettingsError,
+        match=r"HASHQ_SECRETS_DIR: cannot read a secret: .*Permission denied: .*HASHQ_AMQP_URL",
+    ):
         load_settings()
 
 

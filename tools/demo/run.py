@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import signal
@@ -22,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from examples.publish_uploads import publish_until_confirmed, upload_batch
 from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq.admin.apps import remove_app
 from hashq.admin.status import gather_status
-from hashq.errors import BatchPublishError
 from hashq.provision import ensure_topology
-from hashq.publisher import Outgoing, Publisher
+from hashq.publisher import Publisher
 from hashq.settings import Settings
 from tools import say
 from tools.checker import check
@@ -51,34 +50,15 @@ def start(fleet: Fleet, name: str, buckets: int) -> None:
 async def publish_stream(
     settings: Settings, users: int, rate: float, seconds: float, published: dict[str, int]
 ) -> None:
-    """Uploads of ``users`` users at about ``rate`` per second, numbered per user. A batch holds
-    one upload per user at most, and what was not confirmed (returned while a resize switches
-    the routing) is published again before the next batch: each user's order holds."""
+    """Uploads of ``users`` users at about ``rate`` per second, numbered per user
+    (``examples.publish_uploads``: what was not confirmed goes again before the next batch)."""
     rng = random.Random(7)
     deadline = time.monotonic() + seconds
     async with Publisher(settings) as publisher:
         while time.monotonic() < deadline:
-            batch: dict[str, Outgoing] = {}
-            for _ in range(int(rate / 10)):
-                user = f"user-{rng.randrange(users):04d}"
-                if user in batch:
-                    continue
-                seq = published.get(user, 0)
-                published[user] = seq + 1
-                body = {"seq": seq, "video": f"{user}/clip-{seq}.mp4"}
-                batch[user] = Outgoing(user, json.dumps(body).encode())
-            await publish_until_confirmed(publisher, list(batch.values()))
+            batch = upload_batch(rng, users, int(rate / 10), published)
+            await publish_until_confirmed(publisher, batch)
             await asyncio.sleep(0.1)
-
-
-async def publish_until_confirmed(publisher: Publisher, batch: list[Outgoing]) -> None:
-    while batch:
-        try:
-            await publisher.publish_many(batch)
-            return
-        except BatchPublishError as failed:
-            batch = [batch[failure.index] for failure in failed.failures]
-            await asyncio.sleep(0.2)
 
 
 async def show_status(settings: Settings, record: Growing, published: dict[str, int]) -> None:

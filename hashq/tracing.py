@@ -9,9 +9,10 @@ up its SDK and exporter, as with any instrumented library).
   child of the context its message carries and linked to it, current while the handler runs
   (so the handler's own spans nest under it, in its thread too). Its attributes say which key
   (hashed unless ``HASHQ_LOG_KEYS=clear``), bucket, epoch and attempt, and how it ended
-  (``hashq.outcome``: done, retry, dead-lettered, parked, cut-off, not-begun, cancelled); a
-  failed attempt records its exception and an error status, so retries and dead letters show
-  as spans of their own.
+  (``hashq.outcome``: done, dropped, retry, dead-lettered, parked, moved, cut-off, not-begun,
+  cancelled; docs/operations.md, "Tracing"); a failed attempt records its exception and an
+  error status, so retries and dead letters show as spans of their own. A message dead-lettered
+  or moved without running (undecodable, or of a parked key) gets a span too.
 
 ``HASHQ_TRACING``: ``auto`` (the default) traces when OpenTelemetry is installed, ``on`` refuses
 to start without it, ``off`` never traces: then nothing of this runs per message. Either way no

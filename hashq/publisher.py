@@ -150,7 +150,7 @@ class Publisher:
 
     def _sending(self) -> contextlib.AbstractContextManager[object]:
         """A producer span while a publish or a batch goes out (``hashq.tracing``)."""
-        if self._tracing is None:
+        if self._tracing is None or not self._tracing.active:
             return contextlib.nullcontext()
         return self._tracing.sending()
 

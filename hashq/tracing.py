@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = ["Execution", "Span", "Tracing", "current", "ended", "installed", "tra
 log = logging.getLogger(__name__)
 
 INSTRUMENTATION = "hashq"
+RECHECK_SECONDS = 1.0  # how soon a tracer provider set after start is seen
 SYSTEM = "rabbitmq"
 # hashq's own attributes of an execution's span (docs/operations.md, "Tracing").
 SPAN_ATTRIBUTES = (
@@ -86,15 +88,20 @@ class Tracing:
         self._exchange = exchange
         self._keys_in_clear = keys_in_clear
         self._provider_set = False
+        self._asked_at = -RECHECK_SECONDS
 
     @property
     def active(self) -> bool:
         """Whether the application has set a tracer provider (an SDK). Until then no span
         would be recorded, and hashq makes none: 10 us a message, measured, for nothing. Asked
-        each time, since it may be set later; once set, it stays (OpenTelemetry sets it once)."""
+        again each second at most (asking OpenTelemetry takes 2 us), since it may be set later;
+        once set, it stays (OpenTelemetry sets it once)."""
         if not self._provider_set:
-            provider = trace.get_tracer_provider()
-            self._provider_set = not isinstance(provider, trace.ProxyTracerProvider)
+            now = time.monotonic()
+            if now - self._asked_at >= RECHECK_SECONDS:
+                self._asked_at = now
+                provider = trace.get_tracer_provider()
+                self._provider_set = not isinstance(provider, trace.ProxyTracerProvider)
         return self._provider_set
 
     @contextlib.contextmanager
@@ -136,6 +143,8 @@ class Tracing:
             ended(execution.span, execution.outcome, execution.error)
 
     def _execution_span(self, message: Message) -> Span | None:
+        if not self.active:
+            return None
         try:
             carried = propagate.extract(_text_headers(message.headers))
             publish = trace.get_current_span(carried).get_span_context()

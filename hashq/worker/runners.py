@@ -196,15 +196,15 @@ class Runners:
             return  # its bucket was closed while its body was decoded in a thread
         lease.started(job)
         job.running(me, message)  # a closing lease may cut it off now
-        if self._tracing is None:
-            await self._handle(job, message, route, None)
+        if self._tracing is None or not self._tracing.active:
+            await self._handle(job, message, route, None)  # untraced: nothing more per message
             return
         with self._tracing.executing(message) as execution:
             execution.ended(*await self._handle(job, message, route, execution.span))
 
     def _traced(self, job: Job) -> contextlib.AbstractContextManager[Execution]:
         """A span for a job that runs no handler (dead-lettered or moved as it is)."""
-        if self._tracing is None:
+        if self._tracing is None or not self._tracing.active:
             return contextlib.nullcontext(Execution(None))
         return self._tracing.executing(_bare_message(job))
 

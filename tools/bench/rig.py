@@ -87,14 +87,14 @@ class Rig:
 
     async def caught_up(self, total: int, within: float = 120) -> None:
         await eventually(
-            self._consumed_so_far,
+            self.consumed_so_far,
             within,
             every=0.1,
             until=lambda n: n >= total,
             what=f"{total:,} consumed",
         )
 
-    def _consumed_so_far(self) -> int:
+    def consumed_so_far(self) -> int:
         """Messages consumed, reading only what the consumers appended since the last call (the
         benchmark's own CPU counts as the publisher's)."""
         if not self.stats.exists():

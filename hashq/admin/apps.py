@@ -19,9 +19,9 @@ from kazoo.exceptions import NoNodeError
 from hashq._io.amqp import connect_amqp, connection_name
 from hashq._io.management import Management
 from hashq._io.zk import close_zk, connect_zk
+from hashq.admin.parked import readable_records
 from hashq.admin.status import gather_status
 from hashq.errors import ConfigError
-from hashq.parked import ParkedRecord
 from hashq.provision import broker_count
 from hashq.records import Paths
 from hashq.settings import Settings
@@ -107,18 +107,9 @@ def _parking_queues(settings: Settings, topology: Topology) -> list[str]:
 
 def _parked_keys(settings: Settings) -> list[str]:
     """The keys parked in the app."""
-    paths = Paths(settings.app)
     zk = connect_zk(settings, "coordinator")
     try:
-        try:
-            names = zk.get_children(paths.parked)
-        except NoNodeError:
-            return []
-        keys = []
-        for name in names:
-            with contextlib.suppress(NoNodeError, ValueError):
-                keys.append(ParkedRecord.decode(zk.get(f"{paths.parked}/{name}")[0]).key)
-        return keys
+        return [record.key for record in readable_records(zk, Paths(settings.app))]
     finally:
         close_zk(zk)
 

@@ -9,6 +9,7 @@ bucket sees the change and does the work, in order (docs/protocol.md, "Parked ke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -69,6 +70,17 @@ def _names(zk: KazooClient, paths: Paths, key: str | None) -> list[str]:
     except NoNodeError:
         return []
     return names if key is None else [n for n in names if n.endswith(f"-{key_digest(key)}")]
+
+
+def readable_records(zk: KazooClient, paths: Paths) -> list[ParkedRecord]:
+    """Every parked key's record that can be read now: one released meanwhile, or damaged
+    (``hashq parked list`` names it), is passed over."""
+    records = []
+    for name in _names(zk, paths, None):
+        path = f"{paths.parked}/{name}"
+        with contextlib.suppress(NoNodeError, ValueError):
+            records.append(ParkedRecord.read(path, zk.get(path)[0]))
+    return records
 
 
 def _read(settings: Settings, key: str | None) -> list[ParkedRecord]:

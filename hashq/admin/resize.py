@@ -21,8 +21,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from hashq._io.amqp import connect_amqp, connection_name
 from hashq._io.zk import acl, close_zk, connect_zk
+from hashq.admin.parked import readable_records
 from hashq.errors import TopologyMismatch
-from hashq.parked import ParkedRecord
 from hashq.placement import bucket_of
 from hashq.provision import switch_ring
 from hashq.records import Paths
@@ -127,14 +127,11 @@ class _Resizer:
     def _refuse_moving_parked_keys(self) -> None:
         """A key parked in a bucket the new count routes it away from would hold that bucket's
         marker until it is released or dropped: refused before anything begins."""
-        moving = []
-        with contextlib.suppress(NoNodeError):
-            for name in self.zk.get_children(self.paths.parked):
-                path = f"{self.paths.parked}/{name}"
-                with contextlib.suppress(NoNodeError, ValueError):
-                    record = ParkedRecord.read(path, self.zk.get(path)[0])
-                    if bucket_of(record.key, self.wanted) != record.bucket:
-                        moving.append(record.key)
+        moving = [
+            record.key
+            for record in readable_records(self.zk, self.paths)
+            if bucket_of(record.key, self.wanted) != record.bucket
+        ]
         if moving:
             raise TopologyMismatch(
                 f"{len(moving)} parked keys would move to a new bucket ({', '.join(moving[:5])}): "

@@ -12,9 +12,11 @@ from pathlib import Path
 
 from hashq._io.amqp import connect_amqp
 from hashq.errors import MessageUnroutable
+from hashq.parked import PARKED_DIGEST_CHARS, ParkedRecord, parked_name
 from hashq.placement import bucket_of
 from hashq.provision import switch_ring
 from hashq.publisher import Outgoing, Publisher
+from hashq.records import Paths
 from hashq.resizing import ResizePhase
 from hashq.settings import Settings
 from hashq.topology import Topology
@@ -127,3 +129,26 @@ def test_resize_refuses_to_shrink_with_one_line(initialized: Settings) -> None:
     assert shrink.returncode != 0
     assert "shrinking to 4 is not supported" in shrink.stderr
     assert len(shrink.stderr.strip().splitlines()) == 1, shrink.stderr
+
+
+def test_resize_refuses_while_a_parked_key_would_move_and_names_it(
+    initialized: Settings, grants: Grants
+) -> None:
+    """A parked key whose bucket the new count changes would hold its old bucket's marker until
+    it is released: the command refuses before anything begins, naming that key and not one
+    that stays. A damaged record (its bucket says so itself) does not stop the check."""
+    moving = next(k for k in KEYS if bucket_of(k, 8) != bucket_of(k, 16))
+    staying = next(k for k in KEYS if bucket_of(k, 8) == bucket_of(k, 16))
+    paths = Paths(initialized.app)
+    for key in (moving, staying):
+        record = ParkedRecord(key, bucket_of(key, 8), reason="test")
+        grants.zk.create(
+            f"{paths.parked}/{parked_name(record.bucket, key)}", record.encode(), makepath=True
+        )
+    grants.zk.create(f"{paths.parked}/0001-{'0' * PARKED_DIGEST_CHARS}", b"{not json")
+    refused = hashq(initialized, "resize", "--buckets", "16")
+    assert refused.returncode != 0
+    assert f"1 parked keys would move to a new bucket ({moving})" in refused.stderr
+    assert staying not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert grants.resize_phase() is None  # nothing begun

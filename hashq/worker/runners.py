@@ -108,6 +108,8 @@ class Runners:
         contact: Heard,
     ) -> Runners:
         """A worker's runners, as its settings say."""
+        clear = settings.log_keys == "clear"  # in its DEBUG lines and its spans alike
+        exchange = Topology.from_settings(settings).exchange
         return cls(
             handler,
             concurrency=settings.concurrency,
@@ -118,12 +120,8 @@ class Runners:
             metrics=metrics,
             awake=awake,
             contact=contact,
-            keys_in_clear=settings.log_keys == "clear",
-            tracing=tracing_for(
-                settings.tracing,
-                Topology.from_settings(settings).exchange,
-                keys_in_clear=settings.log_keys == "clear",
-            ),
+            keys_in_clear=clear,
+            tracing=tracing_for(settings.tracing, exchange, keys_in_clear=clear),
         )
 
     def start(self) -> None:

@@ -14,20 +14,20 @@ import signal
 import subprocess
 import sys
 import tomllib
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from hashq.settings import Settings
-from tests.support.helpers import free_port
+from tests.support.helpers import free_port, scrape, total
 from tools import ROOT
 from tools.launcher import Child, child_environment
 from tools.polling import wait_until
 
 PUBLISHED = 600
 SECRETS = ("HASHQ_AMQP_URL", "HASHQ_MANAGEMENT_URL")
+SERVERS = {"rabbitmq", "zookeeper"}  # started by the test's own services, not as processes
 
 
 def demo_services() -> dict[str, dict[str, Any]]:
@@ -52,15 +52,11 @@ def in_order(services: dict[str, dict[str, Any]]) -> list[str]:
         ready = [
             name
             for name, service in services.items()
-            if name not in done and set(service.get("depends_on", {})) <= {*done, *_servers()}
+            if name not in done and set(service.get("depends_on", {})) <= {*done, *SERVERS}
         ]
         assert ready, f"depends_on has a cycle or names no service: {set(services) - set(done)}"
         done.extend(sorted(ready))
     return done
-
-
-def _servers() -> set[str]:
-    return {"rabbitmq", "zookeeper"}
 
 
 def argv_of(command: list[str]) -> list[str]:
@@ -100,15 +96,6 @@ def healthy(service: dict[str, Any], port: int, image_port: int) -> bool:
     return done.returncode == 0
 
 
-def processed(port: int) -> int:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("hashq_messages_processed_total{")
-    )
-
-
 def test_the_compose_demo_runs_as_its_file_says(settings: Settings, tmp_path: Path) -> None:
     services = demo_services()
     image_port = image_metrics_port()
@@ -134,7 +121,12 @@ def test_the_compose_demo_runs_as_its_file_says(settings: Settings, tmp_path: Pa
         assert started["publisher"].wait(120) == 0, started["publisher"].output()[-3000:]
         workers = [name for name in services if name.startswith("worker")]
         wait_until(
-            lambda: sum(processed(ports[name]) for name in workers) >= PUBLISHED,
+            lambda: (
+                sum(
+                    total(scrape(ports[name]), "hashq_messages_processed_total") for name in workers
+                )
+                >= PUBLISHED
+            ),
             120,
             what="every upload processed",
         )

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from hashq import __version__
 from hashq._io.health import HealthServer
@@ -23,7 +20,7 @@ from hashq.settings import Settings
 from hashq.topology import Topology
 from hashq.worker.starvation import STARVED_AFTER
 from tests.support.grants import Grants
-from tests.support.helpers import free_port, hashq
+from tests.support.helpers import free_port, get, hashq, scrape, total
 from tests.support.workers import (
     StartWorker,
     WorkerProcess,
@@ -33,34 +30,6 @@ from tests.support.workers import (
 )
 from tests.support.workload import publish, workload
 from tools.polling import eventually
-
-Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except urllib.error.URLError as exc:  # not listening yet
-        return 0, str(exc.reason)
-
-
-def scrape(port: int) -> Scrape:
-    status, text = get(port, "/metrics")
-    if status != 200:
-        return {}
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def total(samples: Scrape, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
 
 
 @pytest.fixture

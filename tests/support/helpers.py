@@ -6,10 +6,13 @@ import asyncio
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from hashq._io.amqp import connect_amqp
 from hashq._io.management import Management
@@ -110,3 +113,37 @@ def user_module(folder: Path, monkeypatch: Any, name: str, text: str) -> None:
     """A module of a user's, ``name``.py in ``folder``, importable for the rest of the test."""
     (folder / f"{name}.py").write_text(text)
     monkeypatch.syspath_prepend(str(folder))
+
+
+Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    """GET ``path`` of a process's metrics and health port: the status (0: not listening yet)
+    and the body."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except urllib.error.URLError as exc:  # not listening yet
+        return 0, str(exc.reason)
+
+
+def scrape(port: int) -> Scrape:
+    """Every sample a process serves on ``/metrics``, by name and labels ({} if it does not
+    answer yet)."""
+    status, text = get(port, "/metrics")
+    if status != 200:
+        return {}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(samples: Scrape, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples that carry ``labels``."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))

@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import DeliveredMessage
 
 from hashq._io.amqp import connection_usable
+from hashq._io.direct import deliver_directly
 from hashq.errors import ServiceUnavailable
 from hashq.resizing import marker_of
 from hashq.worker.acks import Acker
@@ -81,10 +82,9 @@ class BucketLease:
         self._ack_batch = ack_batch
         self._acker: Acker | None = None
         self._consumer_tag: str | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._settled = asyncio.Event()
-        self._settled.set()
+        # Waits until a condition of the core holds (idle, settled): looked at after every
+        # change only while someone waits, which is seldom (a drain, a close).
+        self._waits: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
         self.close_reason = ""  # why the broker closed the channel, if it did
         self._connection: AbstractConnection | None = None
         # Whether the broker is known to have closed the channel: it closed it, or answered
@@ -113,7 +113,8 @@ class BucketLease:
         self._channel = await channel.get_underlay_channel()
         self._channel.closing.add_done_callback(self._note_close)
         self._acker = Acker(self._channel, self._ack_batch, self.bucket)
-        result = await self._channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
+        deliver_directly(self._channel, self.deliver)
+        result = await self._channel.basic_consume(self.queue, self._delivered, no_ack=False)
         self._consumer_tag = result.consumer_tag
         self.delivered_at = time.monotonic()  # consuming since: no delivery is owed before
 
@@ -129,7 +130,14 @@ class BucketLease:
         its ``consumer_timeout``: every message held went back and counts as a delivery."""
         return is_consumer_timeout(self.close_reason)
 
-    async def _on_delivery(self, delivery: DeliveredMessage) -> None:
+    async def _delivered(self, delivery: DeliveredMessage) -> None:
+        """aiormq's consumer callback, in a task of its own: only if ``deliver_directly``
+        could not hand deliveries over at once."""
+        self.deliver(delivery)
+
+    def deliver(self, delivery: DeliveredMessage) -> None:
+        """A delivery on the bucket's channel: into its key's lane, and on to the runners if
+        its turn has come. Never waits (``hashq._io.direct``)."""
         self.delivered_at = time.monotonic()
         # Callbacks may run out of order; the core restores the queue's order by delivery tag.
         frame = deliver_frame(delivery)
@@ -137,8 +145,6 @@ class BucketLease:
         ready = self._core.deliver(
             frame.delivery_tag or 0, Job(self, delivery, frame.routing_key or "", marker=marker)
         )
-        if self._core.held:
-            self._idle.clear()
         for job in ready:
             self._dispatch(job)
         if marker:
@@ -146,9 +152,10 @@ class BucketLease:
 
     def _act(self) -> None:
         """Carry out what its parked keys asked for; pass the resize markers that may pass."""
-        if self._parking is not None:
+        if self._parking is not None and self._core.asks:
             self._parking.act()
-        self._pass_markers()
+        if self._core.markers_held:
+            self._pass_markers()
 
     def _pass_markers(self) -> None:
         for marker in self._core.passable():
@@ -187,7 +194,6 @@ class BucketLease:
 
     def started(self, job: Job, fate: Fate = Fate.RUN) -> None:
         self._core.started(job, fate)
-        self._settled.clear()
 
     def park(self, job: Job, reason: str, since: float) -> None:
         self._core.park(job, reason, since)
@@ -214,21 +220,31 @@ class BucketLease:
         self._act()
 
     def _note_progress(self) -> None:
-        if self._core.settled:
-            self._settled.set()
-        if self._core.idle:
-            self._idle.set()
+        if self._waits:
+            for condition, until in self._waits:
+                if not until.done() and condition():
+                    until.set_result(None)
+
+    async def _until(self, condition: Callable[[], bool], within: float | None) -> bool:
+        """Wait (at most ``within`` seconds; None: for as long as it takes) until
+        ``condition()``; whether it holds."""
+        if condition():
+            return True
+        wait = (condition, asyncio.get_running_loop().create_future())
+        self._waits.append(wait)
+        try:
+            async with asyncio.timeout(within):
+                await wait[1]
+        except TimeoutError:
+            return False
+        finally:
+            self._waits.remove(wait)
+        return True
 
     async def settled(self, within: float | None) -> bool:
         """Wait (at most ``within`` seconds; None: for as long as it takes) until no handler of
         this lease runs any more (threads included)."""
-        if self._core.settled:
-            return True
-        try:
-            await asyncio.wait_for(self._settled.wait(), within)
-        except TimeoutError:
-            return False
-        return True
+        return await self._until(lambda: self._core.settled, within)
 
     def ack(self, job: Job) -> bool:
         """Count ``job`` as done; its acknowledgement goes out with the next batch (see
@@ -257,11 +273,10 @@ class BucketLease:
         await self._cancel_consumer()
         if self._parking is not None:
             await self._parking.cancel()
-        try:
-            await asyncio.wait_for(self._idle.wait(), within)
-            clean = True
-        except TimeoutError:
-            clean = False
+        clean = await self._until(
+            lambda: self._core.idle or self.state is LeaseState.CLOSED, within
+        )
+        if not clean:
             log.warning(
                 "bucket %d epoch %d: %d messages not finished within the drain timeout of %gs; "
                 "they go back to the queue",
@@ -279,7 +294,7 @@ class BucketLease:
         the broker closes it: see ``close_confirmed``)."""
         for job in self._core.close():
             job.cut_off()
-        self._idle.set()
+        self._note_progress()  # a drain waiting for it to be idle ends
         if self._parking is not None:
             await self._parking.close()
         if self._acker is not None:  # what was finished is acknowledged, not done again

@@ -41,6 +41,7 @@ from hashq.worker.dead_letter import DeadLetters
 from hashq.worker.jobs import Job, Later, Outcomes
 from hashq.worker.machine.parking import Fate
 from hashq.worker.metrics import WorkerMetrics
+from hashq.worker.ready import ReadyJobs
 from hashq.worker.retry import RetryPolicy
 
 
@@ -89,7 +90,7 @@ class Runners:
         self._outcomes = Outcomes(
             policy, dead_letters, metrics, self.dispatch, keys_in_clear, later
         )
-        self._ready: asyncio.Queue[Job] = asyncio.Queue()
+        self._ready: ReadyJobs[Job] = ReadyJobs()
         self._may_start = asyncio.Event()
         self._may_start.set()
         self._closing = False
@@ -135,7 +136,7 @@ class Runners:
         return self._outcomes.processed
 
     def dispatch(self, job: Job) -> None:
-        self._ready.put_nowait(job)
+        self._ready.put(job)
 
     def pause(self) -> None:
         """Start nothing new (ZooKeeper suspended); running handlers go on."""
@@ -159,15 +160,18 @@ class Runners:
         me = asyncio.current_task()
         assert me is not None
         while True:
-            await self._may_start.wait()
-            job = await self._ready.get()
+            job = self._ready.take()
+            if job is None:
+                await self._ready.wait()
+                continue
             if not self._awake():
                 self.pause()  # the process was paused: the worker confirms its session first
             if not self._may_start.is_set():
-                self._ready.put_nowait(job)  # paused while we waited: leave it for later
+                self._ready.put_back(job)  # paused: leave it for later
+                await self._may_start.wait()
                 continue
             if not self._contact.heard():
-                self._ready.put_nowait(job)  # the broker has not answered lately: wait for it
+                self._ready.put_back(job)  # the broker has not answered lately: wait for it
                 await self._contact.heard_again()
                 continue
             await self._execute(job, me)
@@ -184,13 +188,15 @@ class Runners:
         if fate is not Fate.RUN:
             return  # it waits with its key, or went back to its parking queue
         try:
-            message, route = await self._message(job)
+            message, route = self._message(job)
+            if route.payload is not None:  # validated in a thread: see ``_message``
+                message.data = await asyncio.to_thread(route.payload.decode, job.delivery.body)
         except Undecodable as exc:
             if lease.may_start(job):  # else it went back to the queue while it was decoded
                 with self._traced(job) as execution:
                     execution.ended(await self._outcomes.dead_letter(job, exc.reason, exc), exc)
             return
-        if not lease.may_start(job):
+        if route.payload is not None and not lease.may_start(job):
             return  # its bucket was closed while its body was decoded in a thread
         lease.started(job)
         job.running(me, message)  # a closing lease may cut it off now
@@ -214,8 +220,11 @@ class Runners:
         lease = job.lease
         since = time.perf_counter()
         try:
-            with current(span):
-                began = await self._call(job, message, route, span)
+            if span is None:
+                began = await self._call(job, message, route, None)
+            else:
+                with current(span):
+                    began = await self._call(job, message, route, span)
         except asyncio.CancelledError:
             if not job.was_cut_off:
                 raise
@@ -303,7 +312,7 @@ class Runners:
         too (``_run``), unless its lease closed (then its message went back to the queue)."""
         job.lease.dropped(job)
         if job.lease.may_start(job):
-            self._ready.put_nowait(job)
+            self._ready.put(job)
 
     async def _until_done(self, thread: asyncio.Future[Any]) -> None:
         """Wait for a handler thread told to stop (through ``message.cancel_event``): a thread
@@ -318,27 +327,23 @@ class Runners:
                     raise
                 _uncancel()
 
-    async def _message(self, job: Job) -> tuple[Message, Route]:
+    def _message(self, job: Job) -> tuple[Message, Route]:
         """The message its handler gets, and the route it takes; ``Undecodable`` (or one of its
-        kinds: an unknown job type, a body that does not validate) if it cannot be handled.
+        kinds: an unknown job type, a body that is not JSON) if it cannot be handled.
 
-        A body is validated as a declared type in a thread: a user's validators may take long,
-        and a loop held past the pause limit would stop the watchdog's ticks, so that the last
-        look (``_may_begin``) refused the job each time it came back, for ever."""
+        A body to validate as a declared type (``route.payload``) is left to the caller, which
+        decodes it in a thread: a user's validators may take long, and a loop held past the
+        pause limit would stop the watchdog's ticks, so that the last look (``_may_begin``)
+        refused the job each time it came back, for ever."""
         delivery = job.delivery
-        properties = delivery.header.properties
-        headers = dict(properties.headers or {})
+        headers = dict(delivery.header.properties.headers or {})
         route = self._router.route(headers)
-        data: Any = None
-        if route.payload is not None:
-            data = await asyncio.to_thread(route.payload.decode, delivery.body)
-        elif self._codec == "json":
+        message = _bare_message(job, headers)
+        if route.payload is None and self._codec == "json":
             try:
-                data = json.loads(delivery.body)
+                message.data = json.loads(delivery.body)
             except ValueError as exc:
                 raise Undecodable(f"body is not JSON: {exc}") from None
-        message = _bare_message(job, headers)
-        message.data = data
         return message, route
 
 

@@ -1,8 +1,10 @@
 """Where a consumer's CPU goes: ``python -m tools.bench.profile``.
 
-The consume-alone step (docs/benchmarks.md), for the raw aiormq consumer and a hashq worker
-in turn: ``--messages`` published first over 10,000 keys, then the consumer started on the full
-queues while py-spy samples it (``--nonblocking``: the process is never stopped to be read).
+The consume-alone step (docs/benchmarks.md), for the raw aiormq consumer, the same with its
+deliveries handed over without aiormq's task each (``raw-direct``: ``tools.bench.raw``) and a
+hashq worker in turn: ``--messages`` published first over 10,000 keys, then the consumer
+started on the full queues while py-spy samples it (``--nonblocking``: the process is never
+stopped to be read).
 From its 2,000th message to its last, the consumer's rate and CPU (from /proc), and its CPU per
 1,000 messages split by the layer each sample's innermost frame is in: aiormq, asyncio, pamqp,
 hashq's worker runtime, its machines, ... Then hashq's own functions, by their own time.
@@ -29,9 +31,9 @@ from pathlib import Path
 from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq.settings import Settings
 from tools.bench.rig import Rig, bench_app, cpu_seconds
+from tools.bench.steps import SKIPPED
 
 KEYS = 10_000
-SKIPPED = 2_000  # messages consumed before the clock starts: the consumer's start is not counted
 RATE = 250  # py-spy samples a second
 LAYERS = (  # the first that a frame's file path contains
     ("pamqp/", "pamqp: frames decoded and encoded"),
@@ -86,9 +88,9 @@ async def profile_one(settings: Settings, consumer: str, messages: int, out: Pat
     """Drain ``messages`` with ``consumer`` under py-spy; print and return its CPU ms per
     1,000 messages."""
     async with Rig(settings, out / consumer, settings.zk_session_timeout) as rig:
-        if consumer == "raw":
+        if consumer.startswith("raw"):
             await rig.publish_raw(messages, KEYS)
-            name = rig.raw_consumer()
+            name = rig.raw_consumer(direct=consumer == "raw-direct")
         else:
             rig.coordinator()
             await rig.publish(messages, KEYS)
@@ -108,7 +110,7 @@ async def profile_one(settings: Settings, consumer: str, messages: int, out: Pat
     stacks = folded(samples)
     for name, ms in by_layer(stacks, per_1k).items():
         print(f"  {ms:6.1f}  {name}")
-    if consumer != "raw":
+    if consumer == "hashq":
         print("  hashq's functions, by their own time:")
         for name, ms in hashq_functions(stacks, per_1k).items():
             print(f"  {ms:6.2f}  {name}")
@@ -127,13 +129,20 @@ def _sample(pid: int, into: Path) -> subprocess.Popen[bytes]:
 
 async def profile(settings: Settings, args: argparse.Namespace) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="hashq-profile-"))
-    ratios = []
+    ratios: dict[str, list[float]] = {"raw": [], "raw-direct": []}
     async with bench_app(settings.model_copy(update={"app": "profile"})) as app:
         for round_ in range(args.rounds):
-            raw = await profile_one(app, "raw", args.messages, out / f"round-{round_ + 1}")
-            hashq = await profile_one(app, "hashq", args.messages, out / f"round-{round_ + 1}")
-            ratios.append(hashq / raw)
-    print(f"\nworker CPU / raw consumer CPU: {', '.join(f'{r:.2f}' for r in ratios)}")
+            folder = out / f"round-{round_ + 1}"
+            raw = await profile_one(app, "raw", args.messages, folder)
+            direct = await profile_one(app, "raw-direct", args.messages, folder)
+            hashq = await profile_one(app, "hashq", args.messages, folder)
+            ratios["raw"].append(hashq / raw)
+            ratios["raw-direct"].append(hashq / direct)
+    print(f"\nworker CPU / raw consumer CPU: {', '.join(f'{r:.2f}' for r in ratios['raw'])}")
+    print(
+        "worker CPU / raw consumer CPU, its deliveries handed over as a worker's: "
+        + ", ".join(f"{r:.2f}" for r in ratios["raw-direct"])
+    )
     print(f"folded stacks in {out}")
     return 0
 
@@ -145,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parents=[settings_flags()],
     )
     parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=2, help="raw then hashq, this many times")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="raw, raw-direct, then hashq, this many times"
+    )
     parser.add_argument("--out", help="folder for the folded stacks (default: a temp one)")
     args = parser.parse_args(argv)
     logging_from_args(args, default_level="WARNING")

@@ -66,8 +66,10 @@ class Rig:
             name, "-m", "hashq.worker.cli", handler, "--worker-id", name, *flags
         )
 
-    def raw_consumer(self, name: str = "raw") -> str:
-        return self.fleet.start(name, "-m", "tools.bench.raw")
+    def raw_consumer(self, name: str = "raw", direct: bool = False) -> str:
+        """The raw consumer; ``direct``: its deliveries handed over without a task each."""
+        env = {"HASHQ_BENCH_RAW_DIRECT": "1"} if direct else None
+        return self.fleet.start(name, "-m", "tools.bench.raw", env=env)
 
     def lines(self) -> list[Line]:
         return read_stats(self.stats)

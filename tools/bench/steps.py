@@ -17,6 +17,8 @@ from hashq.settings import Settings
 from tools.bench import figures
 from tools.bench.rig import Rig, cpu_seconds, listener_pid, machine_cpu, resident_mb
 
+SKIPPED = 2_000  # messages a drained consumer takes before its CPU is counted
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -67,26 +69,27 @@ async def throughput(
 
 
 class CpuMeter:
-    """CPU used from now on by the consumer process, by this process (the publisher), and by
-    the broker when it runs on this machine."""
+    """CPU used from now on by the consumer process, by this process (the publisher, unless
+    ``publisher`` is False), and by the broker when it runs on this machine."""
 
-    def __init__(self, consumer_pid: int, settings: Settings) -> None:
+    def __init__(self, consumer_pid: int, settings: Settings, publisher: bool = True) -> None:
         self._pids = {"consumer": consumer_pid}
         broker = listener_pid(urlsplit(settings.amqp_urls[0]).port or 5672)
         if broker is not None:
             self._pids["broker"] = broker
+        self._publisher = publisher
         self._before = self._now()
 
     def _now(self) -> dict[str, float]:
         used = {role: cpu_seconds(pid) for role, pid in self._pids.items()}
-        return {**used, "publisher": time.process_time()}
+        return {**used, "publisher": time.process_time()} if self._publisher else used
 
     def ms_per_1k(self, messages: int) -> dict[str, float]:
         """CPU milliseconds per 1,000 messages, by role."""
         now = self._now()
         per = 1000 * 1000 / messages
         return {
-            f"{role}_cpu_ms_per_1k": round((now[role] - was) * per)
+            f"{role}_cpu_ms_per_1k": round((now[role] - was) * per, 1)
             for role, was in self._before.items()
         }
 
@@ -94,19 +97,27 @@ class CpuMeter:
 async def drain(settings: Settings, folder: Path, plan: Plan, consumer: str) -> dict[str, Any]:
     """The consuming side alone: ``plan.messages`` published first, then ``consumer`` ("raw",
     or a hashq handler run by one worker) started on the full queues; messages per second from
-    its first start to its last."""
+    its first start to its last, and the CPU per 1,000 messages of the consumer and the broker
+    from its ``SKIPPED``-th message on (its start, imports included, is not counted)."""
     async with Rig(settings, folder, plan.session) as rig:
         if consumer == "raw":
             await rig.publish_raw(plan.messages, plan.keys)
-            rig.raw_consumer()
+            name = rig.raw_consumer()
         else:
             rig.coordinator()
             await rig.publish(plan.messages, plan.keys)
-            rig.worker("worker-1", consumer)
+            name = rig.worker("worker-1", consumer)
+        await rig.caught_up(SKIPPED, within=60)
+        skipped = rig.consumed_so_far()
+        cpu = CpuMeter(rig.fleet.processes[name].pid, settings, publisher=False)
         await rig.caught_up(plan.messages, within=max(120, plan.messages / 200))
+        used = cpu.ms_per_1k(plan.messages - skipped)
         lines = rig.lines()
         first = min(entry[1] for line in lines for entry in line["buckets"].values())
-        return {"consumed_per_s": round(plan.messages / (figures.last_start(lines) - first))}
+        return {
+            "consumed_per_s": round(plan.messages / (figures.last_start(lines) - first)),
+            **{f"drain_{role}": ms for role, ms in used.items()},
+        }
 
 
 async def steady(settings: Settings, folder: Path, plan: Plan, rate: float) -> dict[str, Any]:

@@ -106,6 +106,11 @@ class LeaseCore(Generic[J]):
         """What the parked keys ask for (parked messages to dispatch among them)."""
         return self.parked.take() if self.state is not LeaseState.CLOSED else []
 
+    @property
+    def asks(self) -> bool:
+        """Whether ``take`` has anything (cheap: asked after every change)."""
+        return self.parked.asks and self.state is not LeaseState.CLOSED
+
     def may_start(self) -> bool:
         return self.state is not LeaseState.CLOSED
 

@@ -35,6 +35,11 @@ class ParkedKeys(KeyPhases[J]):
         out, self._out = self._out, []
         return out
 
+    @property
+    def asks(self) -> bool:
+        """Whether ``take`` has anything: asked after every change, so it must be cheap."""
+        return bool(self._out)
+
     def phase(self, key: str) -> ParkPhase | None:
         parked = self._keys.get(key)
         return parked.phase if parked is not None else None

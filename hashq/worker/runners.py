@@ -1,7 +1,8 @@
 """Running handlers: a fixed pool of runner tasks takes ready jobs and, for each, calls the
 handler; what follows (acknowledge, retry, dead-letter) is ``hashq.worker.jobs.Outcomes``.
 
-No task per message: ``concurrency`` runners pull from one queue. A retry does not hold a runner
+No task per message: ``concurrency`` runners pull from one queue of ready jobs, which wakes as
+few of them as keep the jobs moving (``hashq.worker.ready``). A retry does not hold a runner
 while it waits; the job comes back to the queue when its delay is over, and its key's lane stays
 blocked meanwhile, so only that key waits.
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq.settings import Settings
+from tools.bench.raw import Shape
 from tools.bench.rig import Rig, bench_app, cpu_seconds
 from tools.bench.steps import SKIPPED
 
@@ -90,7 +91,7 @@ async def profile_one(settings: Settings, consumer: str, messages: int, out: Pat
     async with Rig(settings, out / consumer, settings.zk_session_timeout) as rig:
         if consumer.startswith("raw"):
             await rig.publish_raw(messages, KEYS)
-            name = rig.raw_consumer(direct=consumer == "raw-direct")
+            name = rig.raw_consumer(shape=Shape(direct=consumer == "raw-direct"))
         else:
             rig.coordinator()
             await rig.publish(messages, KEYS)

@@ -3,10 +3,8 @@ topology (the ``hashq.<app>`` exchange and its bucket queues), with no ordering 
 acknowledgements batched (``multiple`` every ``ACK_EVERY`` deliveries, or when idle).
 
 ``python -m tools.bench.raw`` runs the consumer until SIGTERM, recording through
-``tools.bench.probe.Stats``. With ``HASHQ_BENCH_RAW_DIRECT=1`` its deliveries are handed over in
-the channel's reader, without aiormq's task per delivery, as a hashq worker's are
-(``hashq._io.direct``): no plain aiormq client does that, but it shows what hashq costs beyond
-the same trick.
+``tools.bench.probe.Stats``, shaped as ``HASHQ_BENCH_RAW_SHAPE`` says (``Shape``): by default as
+a plain aiormq client would consume.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import aiormq
 from aiormq.abc import DeliveredMessage
@@ -27,7 +26,9 @@ from hashq.topology import Topology
 from tools.bench.probe import Stats
 
 ACK_EVERY = 100
+ACK_IDLE = 0.05  # seconds after which a batch not full yet is acknowledged
 PREFETCH = 1000
+SHAPE_VARIABLE = "HASHQ_BENCH_RAW_SHAPE"
 IN_FLIGHT = 1000
 
 
@@ -69,67 +70,115 @@ async def _publish_window(
     return sum(1 for outcome in outcomes if isinstance(outcome, spec.Basic.Ack))
 
 
-class RawConsumer:
-    """One channel consuming every bucket queue; acks ``multiple`` in batches."""
+@dataclass(frozen=True)
+class Shape:
+    """How the raw consumer meets the broker. By default as a plain client would: one channel
+    for every bucket queue, a prefetch of ``PREFETCH``, ``multiple`` acks every ``ACK_EVERY``
+    deliveries (and what is left after ``ACK_IDLE`` seconds). ``per_bucket``: a channel per
+    bucket queue, as a hashq worker has (then ``prefetch`` and ``ack_every`` are each
+    channel's). ``direct``: deliveries handed over in the channel's reader, without aiormq's
+    task each (``hashq._io.direct``), as a worker's are. ``tools.bench.shapes`` compares them."""
 
-    def __init__(self, settings: Settings, stats: Stats, direct: bool = False) -> None:
+    per_bucket: bool = False
+    prefetch: int = PREFETCH
+    ack_every: int = ACK_EVERY
+    direct: bool = False
+
+    def environment(self) -> dict[str, str]:
+        channels = "bucket" if self.per_bucket else "one"
+        return {SHAPE_VARIABLE: f"{channels},{self.prefetch},{self.ack_every},{int(self.direct)}"}
+
+    @classmethod
+    def from_environment(cls) -> Shape:
+        told = os.environ.get(SHAPE_VARIABLE)
+        if not told:
+            return cls()
+        channels, prefetch, ack_every, direct = told.split(",")
+        return cls(channels == "bucket", int(prefetch), int(ack_every), direct == "1")
+
+
+class _Acks:
+    """One channel's acknowledgements: ``multiple`` up to the last tag, in batches."""
+
+    def __init__(self, channel: aiormq.abc.AbstractChannel, every: int) -> None:
+        self.channel, self._every = channel, every
+        self._unacked = self._last_tag = 0
+        self._idle: asyncio.TimerHandle | None = None
+
+    def count(self, tag: int) -> bool:
+        """One more delivery done; True when a batch is due (else the idle timer sends it)."""
+        self._last_tag = max(self._last_tag, tag)
+        self._unacked += 1
+        if self._unacked >= self._every:
+            return True
+        if self._idle is None:
+            self._idle = asyncio.get_running_loop().call_later(
+                ACK_IDLE, lambda: asyncio.ensure_future(self.ack())
+            )
+        return False
+
+    async def ack(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if self._unacked:
+            self._unacked = 0
+            await self.channel.basic_ack(self._last_tag, multiple=True)
+
+
+class RawConsumer:
+    """Consumes every bucket queue with no ordering logic, as ``shape`` says."""
+
+    def __init__(self, settings: Settings, stats: Stats, shape: Shape) -> None:
         self._settings = settings
         self._stats = stats
-        self._direct = direct
+        self._shape = shape
         self._acking: set[asyncio.Task[None]] = set()
-        self._buckets: dict[str, int] = {}
-        self._unacked = 0
-        self._last_tag = 0
-        self._idle_ack: asyncio.TimerHandle | None = None
-        self._channel: aiormq.abc.AbstractChannel
+        self._consumers: dict[str, tuple[int, _Acks]] = {}  # consumer tag -> bucket, acks
 
     async def run(self, stop: asyncio.Event) -> None:
         connection = await aiormq.connect(self._settings.amqp_urls[0])
-        self._channel = await connection.channel()
-        await self._channel.basic_qos(prefetch_count=PREFETCH)
-        if self._direct:
-            deliver_directly(self._channel, self._on_message_now)
+        channels: list[_Acks] = []
         for bucket, queue in enumerate(Topology.from_settings(self._settings).bucket_queues()):
-            result = await self._channel.basic_consume(queue, self._on_message)
-            self._buckets[result.consumer_tag or ""] = bucket
+            if self._shape.per_bucket or not channels:
+                channels.append(await self._channel(connection))
+            result = await channels[-1].channel.basic_consume(queue, self._on_message)
+            self._consumers[result.consumer_tag or ""] = (bucket, channels[-1])
         await stop.wait()
-        await self._ack()
+        for acks in channels:
+            await acks.ack()
         self._stats.flush()
         await connection.close()
 
+    async def _channel(self, connection: aiormq.abc.AbstractConnection) -> _Acks:
+        channel = await connection.channel(publisher_confirms=False)
+        await channel.basic_qos(prefetch_count=self._shape.prefetch)
+        if self._shape.direct:
+            deliver_directly(channel, self._on_message_now)
+        return _Acks(channel, self._shape.ack_every)
+
     def _on_message_now(self, message: DeliveredMessage) -> None:
         """``_on_message`` in the channel's reader: an ack due is sent from a task."""
-        if self._count(message):
-            task = asyncio.ensure_future(self._ack())
+        acks = self._count(message)
+        if acks is not None:
+            task = asyncio.ensure_future(acks.ack())
             self._acking.add(task)
             task.add_done_callback(self._acking.discard)
 
     async def _on_message(self, message: DeliveredMessage) -> None:
-        if self._count(message):
-            await self._ack()
+        acks = self._count(message)
+        if acks is not None:
+            await acks.ack()
 
-    def _count(self, message: DeliveredMessage) -> bool:
-        """Record ``message``; True when an ack is due."""
+    def _count(self, message: DeliveredMessage) -> _Acks | None:
+        """Record ``message``; its channel's acks when a batch is due."""
         frame = message.delivery
         assert isinstance(frame, spec.Basic.Deliver)
-        self._stats.add(self._buckets.get(frame.consumer_tag or "", -1), message.body)
-        self._last_tag = max(self._last_tag, frame.delivery_tag or 0)
-        self._unacked += 1
-        if self._unacked >= ACK_EVERY:
-            return True
-        if self._idle_ack is None:
-            self._idle_ack = asyncio.get_running_loop().call_later(
-                0.05, lambda: asyncio.ensure_future(self._ack())
-            )
-        return False
-
-    async def _ack(self) -> None:
-        if self._idle_ack is not None:
-            self._idle_ack.cancel()
-            self._idle_ack = None
-        if self._unacked:
-            self._unacked = 0
-            await self._channel.basic_ack(self._last_tag, multiple=True)
+        bucket, acks = self._consumers.get(frame.consumer_tag or "", (-1, None))
+        self._stats.add(bucket, message.body)
+        if acks is not None and acks.count(frame.delivery_tag or 0):
+            return acks
+        return None
 
 
 async def main_async(settings: Settings) -> int:
@@ -137,8 +186,7 @@ async def main_async(settings: Settings) -> int:
     stop = asyncio.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(number, stop.set)
-    direct = os.environ.get("HASHQ_BENCH_RAW_DIRECT") == "1"
-    await RawConsumer(settings, stats, direct).run(stop)
+    await RawConsumer(settings, stats, Shape.from_environment()).run(stop)
     return 0
 
 

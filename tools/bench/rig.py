@@ -19,7 +19,7 @@ from hashq.publisher import Outgoing, Publisher
 from hashq.settings import Settings
 from tools.bench.figures import Line, consumed, read_stats
 from tools.bench.probe import stamp
-from tools.bench.raw import publish_raw
+from tools.bench.raw import Shape, publish_raw
 from tools.executions import parse_complete_lines
 from tools.launcher import Fleet
 from tools.polling import eventually
@@ -66,9 +66,9 @@ class Rig:
             name, "-m", "hashq.worker.cli", handler, "--worker-id", name, *flags
         )
 
-    def raw_consumer(self, name: str = "raw", direct: bool = False) -> str:
-        """The raw consumer; ``direct``: its deliveries handed over without a task each."""
-        env = {"HASHQ_BENCH_RAW_DIRECT": "1"} if direct else None
+    def raw_consumer(self, name: str = "raw", shape: Shape | None = None) -> str:
+        """The raw consumer, shaped as a plain client (``shape`` None) or as ``shape`` says."""
+        env = shape.environment() if shape is not None else None
         return self.fleet.start(name, "-m", "tools.bench.raw", env=env)
 
     def lines(self) -> list[Line]:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from hashq.admin.status import gather_status
 from hashq.settings import Settings
 from tools.bench import figures
+from tools.bench.raw import Shape
 from tools.bench.rig import Rig, cpu_seconds, listener_pid, machine_cpu, resident_mb
 
 SKIPPED = 2_000  # messages a drained consumer takes before its CPU is counted
@@ -94,15 +95,18 @@ class CpuMeter:
         }
 
 
-async def drain(settings: Settings, folder: Path, plan: Plan, consumer: str) -> dict[str, Any]:
+async def drain(
+    settings: Settings, folder: Path, plan: Plan, consumer: str, shape: Shape | None = None
+) -> dict[str, Any]:
     """The consuming side alone: ``plan.messages`` published first, then ``consumer`` ("raw",
-    or a hashq handler run by one worker) started on the full queues; messages per second from
-    its first start to its last, and the CPU per 1,000 messages of the consumer and the broker
-    from its ``SKIPPED``-th message on (its start, imports included, is not counted)."""
+    shaped as ``shape`` says, or a hashq handler run by one worker) started on the full queues;
+    messages per second from its first start to its last, and the CPU per 1,000 messages of
+    the consumer and the broker from its ``SKIPPED``-th message on (its start, imports
+    included, is not counted)."""
     async with Rig(settings, folder, plan.session) as rig:
         if consumer == "raw":
             await rig.publish_raw(plan.messages, plan.keys)
-            name = rig.raw_consumer()
+            name = rig.raw_consumer(shape=shape)
         else:
             rig.coordinator()
             await rig.publish(plan.messages, plan.keys)

@@ -28,6 +28,7 @@ from tools.bench.resize import NEW as RESIZE_NEW
 from tools.bench.resize import OLD as RESIZE_OLD
 from tools.bench.resize import resize_pause
 from tools.bench.rig import bench_app
+from tools.bench.scale import scale_out
 from tools.bench.steps import Plan
 
 SLEEPY = "tools.bench.probe:sleepy"
@@ -98,6 +99,7 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
         await sleepy(settings, plan, folder, results)
         await hot(settings, plan, folder, results)
         await grow(settings, plan, folder, results)
+        await scale(settings, plan, folder, results)
     results["summary"] = summary(results)
     return results
 
@@ -155,6 +157,14 @@ async def grow(settings: Settings, plan: Plan, folder: Path, results: dict[str, 
     say(f"9. hashq resize from {RESIZE_OLD} to {RESIZE_NEW} buckets under load, by backlog")
     results["resize"] = await resize_pause(settings, folder / "resize", plan.quick)
     say(f"    {results['resize']}")
+
+
+async def scale(settings: Settings, plan: Plan, folder: Path, results: dict[str, Any]) -> None:
+    say("10. scale-out: consuming alone with 1 worker, then 2, each pinned to a core")
+    app = settings.model_copy(update={"app": f"bench-scale-{time.strftime('%H%M%S')}"})
+    async with bench_app(app):
+        results["scale_out"] = await scale_out(app, folder / "scale-out", plan)
+    say(f"    {results['scale_out']}")
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
@@ -224,6 +234,12 @@ def print_summary(results: dict[str, Any]) -> None:
         hot = results["hot_key"]
         rows.append(("hot key: cold p99 ms without", hot["share_0"]["cold_p99_ms"]))
         rows.append(("hot key: cold p99 ms with isolation", hot["share_0.5"]["cold_p99_ms"]))
+    if "scale_out" in results:
+        scaled = results["scale_out"]
+        rows += [
+            (f"{count}: msg per worker CPU-second", scaled[key]["per_worker_core_per_s"])
+            for key, count in (("one", "1 worker"), ("two", "2 workers"))
+        ]
     for point in results.get("resize", {}).get("points", []):
         rows.append(
             (
@@ -241,7 +257,7 @@ def print_summary(results: dict[str, Any]) -> None:
 async def bench(settings: Settings, args: argparse.Namespace) -> int:
     plan = Plan.quick_plan() if args.quick else Plan()
     folder = Path(args.out or tempfile.mkdtemp(prefix="hashq-bench-"))
-    alone = {"hot_key": hot, "resize": grow}
+    alone = {"hot_key": hot, "resize": grow, "scale_out": scale}
     if step := next((name for name in alone if getattr(args, name)), None):  # that step alone
         with contextlib.redirect_stdout(sys.stderr):
             results: dict[str, Any] = {"machine": machine()}
@@ -284,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--resize", action="store_true", help="only the resize step (with --quick: two backlogs)"
+    )
+    parser.add_argument(
+        "--scale-out", action="store_true", help="only the scale-out step (1 worker, then 2)"
     )
     args = parser.parse_args(argv)
     logging_from_args(args)

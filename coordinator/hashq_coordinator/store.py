@@ -18,6 +18,7 @@ from kazoo.exceptions import (
     NoNodeError,
     RolledBackError,
 )
+from kazoo.interfaces import IAsyncResult
 
 from hashq.errors import Deposed, WorkerReturned
 from hashq.records import (
@@ -54,13 +55,18 @@ class Store:
 
     def workers(self) -> dict[str, Member]:
         found = {}
-        for name in self.zk.get_children(self.paths.workers):
-            try:
-                data, stat = self.zk.get(self.paths.worker(name))
+        names = self.zk.get_children(self.paths.workers)
+        for name, read in zip(names, self._read_all(map(self.paths.worker, names)), strict=True):
+            with contextlib.suppress(NoNodeError, ValueError, TypeError):
+                data, stat = read.get()
                 found[name] = Member(Registration.decode(data), int(stat.version))
-            except (NoNodeError, ValueError, TypeError):
-                continue
         return found
+
+    def _read_all(self, paths: Iterable[str]) -> list[IAsyncResult]:
+        """Every node's read asked at once, answered in order: one round trip's wait for them
+        all, not one each (ZooKeeper answers a session's requests in the order they came).
+        Each answer's ``get()`` gives the data and stat, or raises as ``zk.get`` would."""
+        return [self.zk.get_async(path) for path in paths]
 
     def releases(self) -> dict[tuple[int, int], str]:
         """(bucket, epoch) -> node name of every release written."""
@@ -73,18 +79,19 @@ class Store:
 
     def records(self) -> dict[int, BucketRecord]:
         records = {}
-        for bucket in range(self.buckets):
-            try:
-                records[bucket] = BucketRecord.decode(self.zk.get(self.paths.bucket(bucket))[0])
-            except NoNodeError:
-                continue
+        reads = self._read_all(map(self.paths.bucket, range(self.buckets)))
+        for bucket, read in enumerate(reads):
+            with contextlib.suppress(NoNodeError):
+                records[bucket] = BucketRecord.decode(read.get()[0])
         return records
 
     def assignments(self) -> dict[str, Assignment]:
         found = {}
-        for name in self.zk.get_children(self.paths.assignments):
+        names = self.zk.get_children(self.paths.assignments)
+        reads = self._read_all(map(self.paths.assignment, names))
+        for name, read in zip(names, reads, strict=True):
             with contextlib.suppress(NoNodeError, ValueError, KeyError):
-                found[name] = Assignment.decode(self.zk.get(self.paths.assignment(name))[0])
+                found[name] = Assignment.decode(read.get()[0])
         return found
 
     # ------------------------------------------------------------ leading

@@ -72,7 +72,11 @@ class BucketLease:
         self._core: LeaseCore[Job] = LeaseCore(
             bucket, epoch, parks=parking is not None, hot_after=hot_after, window=prefetch
         )
-        self._parking = LeaseParking(self, self._core, parking) if parking is not None else None
+        self._parking = (
+            LeaseParking(self, self._core, parking, self._note_progress)
+            if parking is not None
+            else None
+        )
         self._mover = parking.mover if parking is not None else None
         self._dispatch = dispatch
         self._say_passed = say_passed
@@ -236,7 +240,7 @@ class BucketLease:
             async with asyncio.timeout(within):
                 await wait[1]
         except TimeoutError:
-            return False
+            return condition()  # it may have come true as the time ran out
         finally:
             self._waits.remove(wait)
         return True
@@ -260,7 +264,8 @@ class BucketLease:
     # ------------------------------------------------------------ ending
     async def drain(self, within: float) -> bool:
         """Stop deliveries, finish what was delivered (at most ``within`` seconds), then close.
-        True if everything delivered was finished.
+        True if everything delivered was finished, or if the lease was closed meanwhile (cut
+        off: what it held went back to the queue, and was not left behind by the drain).
 
         Finishing the delivered messages, rather than handing them back, matters for quorum
         queues: every message returned by a closed channel counts toward the delivery limit, so

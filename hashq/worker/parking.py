@@ -170,8 +170,17 @@ class ParkingSite:
 class LeaseParking:
     """Carries out one bucket lease's ``ParkedKeys`` actions; ``act`` after every event."""
 
-    def __init__(self, lease: Lease, core: LeaseCore[Job], site: ParkingSite) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        core: LeaseCore[Job],
+        site: ParkingSite,
+        changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``changed``: told after every event, so that what waits on the lease (a drain, for
+        its parked messages too) sees them counted off, a lost parking channel's included."""
         self._lease, self._core, self._records = lease, core, site.records
+        self._changed = changed
         self._metrics = site.metrics
         self._topology = site.topology
         self._dispatch = site.dispatch
@@ -227,6 +236,7 @@ class LeaseParking:
                 action.job.cut_off()  # its runner reports it dropped once its handler stopped
             else:
                 self._spawn(self._carry_out(action))
+        self._changed()
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)

@@ -13,7 +13,7 @@ from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from hashq._io.direct import deliver_directly
+from hashq._io.direct import deliver_directly, supported
 
 
 class _Channel:
@@ -42,6 +42,20 @@ def test_aiormq_reader_still_hands_deliveries_to_the_method_replaced() -> None:
     """If a new aiormq stops calling ``_on_deliver_frame`` through the channel, the
     replacement would be silently skipped: deliveries would be slower, not lost."""
     assert "self._on_deliver_frame(frame)" in inspect.getsource(aiormq.Channel._reader)
+
+
+def test_the_installed_aiormq_has_what_the_replacement_relies_on() -> None:
+    channel = object.__new__(aiormq.Channel)  # its members, without a connection
+    channel.consumers = {}
+    assert supported(channel)
+
+
+def test_aiormq_reads_a_delivery_as_the_replacement_does() -> None:
+    """The replacement is aiormq's own ``_on_deliver_frame`` but for its last lines (a task
+    per delivery): if aiormq reads a delivery otherwise, look again."""
+    own = inspect.getsource(aiormq.Channel._on_deliver_frame)
+    assert "header: ContentHeader = await self.__get_content_header()" in own
+    assert "message = await self._read_content(frame, header)" in own
 
 
 async def test_a_delivery_is_read_whole_and_handed_over_in_the_readers_call() -> None:
@@ -89,6 +103,18 @@ async def test_a_frame_out_of_place_fails_the_channel_as_aiormq_would() -> None:
     deliver_directly(channel, lambda message: None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="instead of ContentHeader"):
         await channel._on_deliver_frame(_deliver(1))
+
+
+def test_a_method_called_otherwise_is_not_relied_on() -> None:
+    class Changed(_Channel):
+        async def _read_content(  # type: ignore[override]
+            self, frame: object, header: object, more: object
+        ) -> None:
+            raise AssertionError("not called")
+
+    changed = Changed([])
+    assert not deliver_directly(changed, lambda message: None)  # type: ignore[arg-type]
+    assert changed._on_deliver_frame.__func__ is _Channel._on_deliver_frame  # type: ignore[attr-defined]
 
 
 def test_an_aiormq_without_what_it_takes_is_left_as_it_is() -> None:

@@ -24,15 +24,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from hashq._io.command import logging_from_args, run_command, settings_flags
 from hashq.settings import Settings
 from tools.bench.raw import Shape
-from tools.bench.rig import Rig, bench_app, cpu_seconds
-from tools.bench.steps import SKIPPED
+from tools.bench.rig import Rig, bench_app
 
 KEYS = 10_000
 RATE = 250  # py-spy samples a second
@@ -99,15 +97,12 @@ async def profile_one(settings: Settings, consumer: str, messages: int, out: Pat
         pid = rig.fleet.processes[name].pid
         samples = out / f"{consumer}.folded"
         spy = _sample(pid, samples)
-        await rig.caught_up(SKIPPED, within=60)
-        skipped, began, cpu_before = rig.consumed_so_far(), time.monotonic(), cpu_seconds(pid)
-        await rig.caught_up(messages, within=max(120, messages / 200))
-        took, cpu = time.monotonic() - began, cpu_seconds(pid) - cpu_before
+        window = await rig.measured(messages, {consumer: pid})
         spy.send_signal(signal.SIGINT)
         spy.wait(30)
-    counted = messages - skipped
-    per_1k = 1_000_000 * cpu / counted
-    print(f"\n{consumer}: {counted / took:,.0f} msg/s, {per_1k:.1f} ms CPU per 1,000 messages")
+    per_1k = window.ms_per_1k(consumer)
+    rate = window.messages / window.seconds
+    print(f"\n{consumer}: {rate:,.0f} msg/s, {per_1k:.1f} ms CPU per 1,000 messages")
     stacks = folded(samples)
     for name, ms in by_layer(stacks, per_1k).items():
         print(f"  {ms:6.1f}  {name}")

@@ -9,8 +9,10 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from hashq.admin.apps import remove_app
 from hashq.admin.status import gather_status
@@ -25,6 +27,20 @@ from tools.launcher import Fleet
 from tools.polling import eventually
 
 BATCH = 1000
+SKIPPED = 2_000  # messages a consumer takes before it is measured: its start is not counted
+
+
+@dataclass(frozen=True)
+class Window:
+    """What consumers did from their ``SKIPPED``-th message on (``Rig.measured``)."""
+
+    messages: int
+    seconds: float
+    cpu: dict[str, float]  # CPU seconds of each process measured, by the name it was given
+
+    def ms_per_1k(self, name: str) -> float:
+        """CPU milliseconds per 1,000 messages of process ``name``."""
+        return round(1_000_000 * self.cpu[name] / self.messages, 1)
 
 
 def keys(count: int, seed: int = 1) -> Iterator[str]:
@@ -95,6 +111,17 @@ class Rig:
             until=lambda n: n >= total,
             what=f"{total:,} consumed",
         )
+
+    async def measured(self, total: int, pids: Mapping[str, int]) -> Window:
+        """Until ``total`` are consumed: the messages, seconds and CPU of each of ``pids`` from
+        the ``SKIPPED``-th message on (a consumer's start, imports included, is not counted)."""
+        await self.caught_up(SKIPPED, within=60)
+        skipped, began = self.consumed_so_far(), time.monotonic()
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        await self.caught_up(total, within=max(120, total / 200))
+        took = time.monotonic() - began
+        used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+        return Window(total - skipped, took, used)
 
     def consumed_so_far(self) -> int:
         """Messages consumed, reading only what the consumers appended since the last call (the
@@ -180,6 +207,11 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds used by process ``pid`` so far (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_pid(settings: Settings) -> int | None:
+    """The broker's process, when it runs on this machine (``listener_pid``)."""
+    return listener_pid(urlsplit(settings.amqp_urls[0]).port or 5672)
 
 
 def listener_pid(port: int) -> int | None:

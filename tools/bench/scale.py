@@ -14,14 +14,13 @@ the buckets out and no handover falls in the measurement.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from hashq.admin.status import gather_status
 from hashq.settings import Settings
-from tools.bench.rig import Rig, cpu_seconds
-from tools.bench.steps import SKIPPED, Plan
+from tools.bench.rig import Rig
+from tools.bench.steps import Plan
 from tools.polling import eventually
 
 
@@ -29,7 +28,7 @@ async def consume_with(
     settings: Settings, folder: Path, plan: Plan, workers: int
 ) -> dict[str, Any]:
     """``plan.messages`` consumed by ``workers`` pinned workers: their rate, their CPU and the
-    rate per worker core, from the ``SKIPPED``-th message on."""
+    rate per worker core, from the ``SKIPPED``-th message on (``Rig.measured``)."""
     async with Rig(settings, folder, plan.session) as rig:
         await rig.publish(plan.messages, plan.keys)
         names = [rig.worker(f"worker-{number + 1}") for number in range(workers)]
@@ -39,18 +38,12 @@ async def consume_with(
             os.sched_setaffinity(pid, {cores[-1 - number % len(cores)]})
         await _registered(settings, workers)
         rig.coordinator()
-        await rig.caught_up(SKIPPED, within=60)
-        skipped, began = rig.consumed_so_far(), time.monotonic()
-        cpu_before = [cpu_seconds(pid) for pid in pids]
-        await rig.caught_up(plan.messages, within=max(120, plan.messages / 200))
-        took = time.monotonic() - began
-        cpu = [cpu_seconds(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
-    counted = plan.messages - skipped
+        window = await rig.measured(plan.messages, dict(zip(names, pids, strict=True)))
     return {
         "workers": workers,
-        "consumed_per_s": round(counted / took),
-        "worker_cpu_s": [round(seconds, 2) for seconds in cpu],
-        "per_worker_core_per_s": round(counted / sum(cpu)),
+        "consumed_per_s": round(window.messages / window.seconds),
+        "worker_cpu_s": [round(seconds, 2) for seconds in window.cpu.values()],
+        "per_worker_core_per_s": round(window.messages / sum(window.cpu.values())),
     }
 
 

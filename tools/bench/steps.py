@@ -10,15 +10,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from hashq.admin.status import gather_status
 from hashq.settings import Settings
 from tools.bench import figures
 from tools.bench.raw import Shape
-from tools.bench.rig import Rig, cpu_seconds, listener_pid, machine_cpu, resident_mb
-
-SKIPPED = 2_000  # messages a drained consumer takes before its CPU is counted
+from tools.bench.rig import Rig, broker_pid, cpu_seconds, machine_cpu, resident_mb
 
 
 @dataclass(frozen=True)
@@ -70,20 +67,19 @@ async def throughput(
 
 
 class CpuMeter:
-    """CPU used from now on by the consumer process, by this process (the publisher, unless
-    ``publisher`` is False), and by the broker when it runs on this machine."""
+    """CPU used from now on by the consumer process, by this process (the publisher), and by
+    the broker when it runs on this machine."""
 
-    def __init__(self, consumer_pid: int, settings: Settings, publisher: bool = True) -> None:
+    def __init__(self, consumer_pid: int, settings: Settings) -> None:
         self._pids = {"consumer": consumer_pid}
-        broker = listener_pid(urlsplit(settings.amqp_urls[0]).port or 5672)
+        broker = broker_pid(settings)
         if broker is not None:
             self._pids["broker"] = broker
-        self._publisher = publisher
         self._before = self._now()
 
     def _now(self) -> dict[str, float]:
         used = {role: cpu_seconds(pid) for role, pid in self._pids.items()}
-        return {**used, "publisher": time.process_time()} if self._publisher else used
+        return {**used, "publisher": time.process_time()}
 
     def ms_per_1k(self, messages: int) -> dict[str, float]:
         """CPU milliseconds per 1,000 messages, by role."""
@@ -101,8 +97,7 @@ async def drain(
     """The consuming side alone: ``plan.messages`` published first, then ``consumer`` ("raw",
     shaped as ``shape`` says, or a hashq handler run by one worker) started on the full queues;
     messages per second from its first start to its last, and the CPU per 1,000 messages of
-    the consumer and the broker from its ``SKIPPED``-th message on (its start, imports
-    included, is not counted)."""
+    the consumer and the broker from its ``SKIPPED``-th message on (``Rig.measured``)."""
     async with Rig(settings, folder, plan.session) as rig:
         if consumer == "raw":
             await rig.publish_raw(plan.messages, plan.keys)
@@ -111,16 +106,15 @@ async def drain(
             rig.coordinator()
             await rig.publish(plan.messages, plan.keys)
             name = rig.worker("worker-1", consumer)
-        await rig.caught_up(SKIPPED, within=60)
-        skipped = rig.consumed_so_far()
-        cpu = CpuMeter(rig.fleet.processes[name].pid, settings, publisher=False)
-        await rig.caught_up(plan.messages, within=max(120, plan.messages / 200))
-        used = cpu.ms_per_1k(plan.messages - skipped)
+        pids = {"consumer": rig.fleet.processes[name].pid}
+        if (broker := broker_pid(settings)) is not None:
+            pids["broker"] = broker
+        window = await rig.measured(plan.messages, pids)
         lines = rig.lines()
         first = min(entry[1] for line in lines for entry in line["buckets"].values())
         return {
             "consumed_per_s": round(plan.messages / (figures.last_start(lines) - first)),
-            **{f"drain_{role}": ms for role, ms in used.items()},
+            **{f"drain_{role}_cpu_ms_per_1k": window.ms_per_1k(role) for role in pids},
         }
 
 

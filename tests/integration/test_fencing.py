@@ -11,7 +11,7 @@ import asyncio
 import http.client
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,8 @@ from kazoo.exceptions import ConnectionLoss
 
 import hashq_coordinator.fencing.fencer as fencing
 import hashq_coordinator.runtime as runtime
+from hashq._io.management import Management
+from hashq.errors import ServiceUnavailable
 from hashq.records import (
     RETURN_GRACE_SECONDS,
     BucketRecord,
@@ -207,7 +209,8 @@ async def test_a_fence_goes_on_after_any_failure_of_the_management_api(
             ]
             self.closed: list[str] = []
 
-        def connections(self) -> list[dict[str, Any]]:
+        def connections(self, columns: Sequence[str] = ()) -> list[dict[str, Any]]:
+            assert set(columns) >= {"name", "user_provided_name"}
             if self.failures:
                 raise self.failures.pop(0)
             return [{"name": "c", "user_provided_name": worker_connection_name("w1", "i1", 3)}]
@@ -296,3 +299,68 @@ async def test_without_the_management_api_a_killed_workers_buckets_still_move(
     report = await asyncio.to_thread(wait_for_executions, record, expected, 60)
     assert (report.lost, report.reordered, report.overlaps) == ([], [], [])
     await eventually(lambda: zk_view.all_granted(initialized.buckets, {"w2"}), within=30)
+
+
+@pytest.mark.parametrize(
+    ("tags", "can"),
+    [("administrator", True), ("monitoring", True), ("management", True), ("", False)],
+)
+async def test_whether_a_coordinator_can_list_connections_depends_on_its_users_tags(
+    initialized: Settings, tags: str, can: bool
+) -> None:
+    """A user tagged administrator is only asked who it is; one tagged monitoring or
+    management is asked for a page of the listing as well (which shows the latter its own
+    connections only: docs/operations.md says which user a coordinator needs); one the
+    management API does not let in cannot fence."""
+    admin = Management(initialized)
+    user = f"hashq-test-{tags or 'untagged'}"
+    path = f"/api/users/{user}"
+    await asyncio.to_thread(admin.request, "PUT", path, {"password": "pw", "tags": tags})
+    try:
+        url = initialized.management_urls[0].replace("://", f"://{user}:pw@", 1)
+        management = Management(_coordinator_settings(initialized, management_url=url))
+        if can:
+            await asyncio.to_thread(management.can_list_connections)
+        else:
+            with pytest.raises(ServiceUnavailable, match="401"):
+                await asyncio.to_thread(management.can_list_connections)
+    finally:
+        await asyncio.to_thread(admin.request, "DELETE", path)
+
+
+async def test_a_probe_that_passes_does_not_hide_a_fence_that_fails(settings: Settings) -> None:
+    """The probe asks an administrator only who it is, so it may pass while the listing a fence
+    needs fails: the coordinator says it cannot fence until that fence gets through."""
+    fencer = _fencer(settings)
+    await fencer.probe()
+    assert fencer.cannot_fence is None
+    fencer.trouble("the listing timed out")  # as a fence under way says at each failed try
+    await fencer.probe()
+    assert fencer.cannot_fence == "the listing timed out"
+    fencer.trouble(None)  # that fence got through
+    assert fencer.cannot_fence is None
+
+
+async def test_a_broker_that_leaves_the_clients_name_out_is_asked_for_its_properties() -> None:
+    """Some brokers leave ``user_provided_name`` out of the listing (rabbitmq-server#5816): a
+    fence that found nobody named would close nothing and count as done. A listing in which no
+    connection has the name is asked again with the client's properties."""
+    named = worker_connection_name("w1", "i1", 2)
+
+    class Unnamed:
+        def __init__(self) -> None:
+            self.asked: list[tuple[str, ...]] = []
+            self.closed: list[str] = []
+
+        def connections(self, columns: Sequence[str] = ()) -> list[dict[str, Any]]:
+            self.asked.append(tuple(columns))
+            if "client_properties" not in columns:
+                return [{"name": "c"}, {"name": "d"}]
+            return [{"name": "c", "client_properties": {"connection_name": named}}, {"name": "d"}]
+
+        def request(self, method: str, path: str, **_: Any) -> None:
+            self.closed.append(path.rpartition("/")[2])
+
+    broker = Unnamed()
+    closed = await asyncio.wait_for(fence(broker, "w1", "i1"), 10)  # type: ignore[arg-type]
+    assert (closed, broker.closed, len(broker.asked)) == (1, ["c"], 2)

@@ -61,6 +61,15 @@ class Grants:
             self.last[bucket] = (holder, following.epoch, self.fences.get(holder, 0))
 
 
+def _held(records: dict[int, BucketRecord], owner: Registration) -> set[tuple[int, int]]:
+    return {
+        (bucket, record.epoch)
+        for bucket, record in records.items()
+        if record.state is BucketState.GRANTED
+        and (record.owner, record.incarnation) == (owner.worker_id, owner.incarnation)
+    }
+
+
 def _decide(
     buckets: int,
     records: dict[int, BucketRecord],
@@ -95,6 +104,8 @@ def test_handovers_are_safe_and_converge(seed: int, buckets: int, workers: int) 
         if turn < 40 and rng.random() < 0.15:  # churn, then calm so that it converges
             name = rng.choice(names)
             if name in live and len(live) > 1:
+                if rng.random() < 0.5:  # a clean stop: it releases everything, then goes
+                    releases.update(_held(records, live[name]))
                 del live[name]
             else:
                 lives[name] += 1
@@ -177,6 +188,30 @@ def test_an_owner_that_does_not_release_is_fenced_and_named() -> None:
     assert decision.records[0].state is BucketState.FENCING
     assert decision.fences == {("a", a.incarnation)}
     assert decision.stuck == {0: ("a", 30.0)}
+
+
+def test_an_owner_that_released_before_it_went_is_not_fenced() -> None:
+    """A clean stop releases every bucket, then deregisters: its buckets are granted at once at
+    the next epoch, with no fence, which would cost the next owner another round. One that
+    went without releasing is fenced."""
+    a, b = _registration("a", 0), _registration("b", 0)
+    granted = BucketRecord(BucketState.GRANTED, "a", a.incarnation, 4)
+
+    def after_a_went(releases: frozenset[tuple[int, int]]) -> Decision:
+        view = View(1, {0: granted}, {"b": b}, releases, frozenset(), 9.0, 30.0, fences_done=None)
+        return step(view, {0: "b"})
+
+    released = after_a_went(frozenset({(0, 4)}))
+    record = released.records[0]
+    assert (record.state, record.owner, record.epoch, released.fences) == (
+        BucketState.GRANTED,
+        "b",
+        5,
+        set(),
+    )
+    silent = after_a_went(frozenset({(0, 3)}))  # an earlier epoch's release counts for nothing
+    assert silent.records[0].state is BucketState.FENCING
+    assert silent.fences == {("a", a.incarnation)}
 
 
 def test_an_owner_is_given_at_least_its_session_before_it_is_fenced() -> None:

@@ -54,10 +54,13 @@ def keys(count: int, seed: int = 1) -> Iterator[str]:
 class Rig:
     """One benchmark step's processes and their records, in ``folder``."""
 
-    def __init__(self, settings: Settings, folder: Path, session: float) -> None:
+    def __init__(
+        self, settings: Settings, folder: Path, session: float, worker_flags: tuple[str, ...] = ()
+    ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.settings = settings
         self.folder = folder
+        self._worker_flags = worker_flags  # before each worker's own, which win
         self.stats = folder.resolve() / "stats.jsonl"  # the children run from the repository
         self.stats.unlink(missing_ok=True)  # a rerun into the same folder starts afresh
         self._read_up_to = 0
@@ -78,9 +81,8 @@ class Rig:
         return self.fleet.start(name, "-m", "hashq_coordinator.cli", "--coordinator-id", name)
 
     def worker(self, name: str, handler: str = "tools.bench.probe:noop", *flags: str) -> str:
-        return self.fleet.start(
-            name, "-m", "hashq.worker.cli", handler, "--worker-id", name, *flags
-        )
+        argv = ("-m", "hashq.worker.cli", handler, "--worker-id", name)
+        return self.fleet.start(name, *argv, *self._worker_flags, *flags)
 
     def raw_consumer(self, name: str = "raw", shape: Shape | None = None) -> str:
         """The raw consumer, shaped as a plain client (``shape`` None) or as ``shape`` says."""

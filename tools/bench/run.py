@@ -255,7 +255,7 @@ def print_summary(results: dict[str, Any]) -> None:
 
 
 async def bench(settings: Settings, args: argparse.Namespace) -> int:
-    plan = Plan.quick_plan() if args.quick else Plan()
+    plan = Plan.quick_plan(args.prefetch) if args.quick else Plan(prefetch=args.prefetch)
     folder = Path(args.out or tempfile.mkdtemp(prefix="hashq-bench-"))
     alone = {"hot_key": hot, "resize": grow, "scale_out": scale}
     if step := next((name for name in alone if getattr(args, name)), None):  # that step alone
@@ -303,6 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--scale-out", action="store_true", help="only the scale-out step (1 worker, then 2)"
+    )
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        help="the hashq workers' prefetch per bucket (default: their own, 32); the hot-key and "
+        "resize steps keep their own settings",
     )
     args = parser.parse_args(argv)
     logging_from_args(args)

@@ -29,7 +29,7 @@ async def consume_with(
 ) -> dict[str, Any]:
     """``plan.messages`` consumed by ``workers`` pinned workers: their rate, their CPU and the
     rate per worker core, from the ``SKIPPED``-th message on (``Rig.measured``)."""
-    async with Rig(settings, folder, plan.session) as rig:
+    async with Rig(settings, folder, plan.session, plan.worker_flags()) as rig:
         await rig.publish(plan.messages, plan.keys)
         names = [rig.worker(f"worker-{number + 1}") for number in range(workers)]
         cores = sorted(os.sched_getaffinity(0))

@@ -30,10 +30,15 @@ class Plan:
     distinct_keys: int = 1_000_000
     seed_seconds: float = 60.0
     quick: bool = False
+    prefetch: int | None = None  # the workers' HASHQ_PREFETCH (None: their default, 32)
 
     @classmethod
-    def quick_plan(cls) -> Plan:
-        return cls(messages=20_000, steady_seconds=6.0, quick=True)
+    def quick_plan(cls, prefetch: int | None = None) -> Plan:
+        return cls(messages=20_000, steady_seconds=6.0, quick=True, prefetch=prefetch)
+
+    def worker_flags(self) -> tuple[str, ...]:
+        """Flags every hashq worker of the run gets, before a step's own."""
+        return ("--prefetch", str(self.prefetch)) if self.prefetch is not None else ()
 
 
 async def throughput(
@@ -44,7 +49,7 @@ async def throughput(
     ``consumer``: "raw" (the raw aiormq consumer, fed by the raw publisher), or a hashq
     handler (fed by hashq's publisher) run by one worker with ``flags``.
     """
-    async with Rig(settings, folder, plan.session) as rig:
+    async with Rig(settings, folder, plan.session, plan.worker_flags()) as rig:
         if consumer == "raw":
             name = rig.raw_consumer()
             await rig.consuming(None)
@@ -98,7 +103,7 @@ async def drain(
     shaped as ``shape`` says, or a hashq handler run by one worker) started on the full queues;
     messages per second from its first start to its last, and the CPU per 1,000 messages of
     the consumer and the broker from its ``SKIPPED``-th message on (``Rig.measured``)."""
-    async with Rig(settings, folder, plan.session) as rig:
+    async with Rig(settings, folder, plan.session, plan.worker_flags()) as rig:
         if consumer == "raw":
             await rig.publish_raw(plan.messages, plan.keys)
             name = rig.raw_consumer(shape=shape)
@@ -120,7 +125,7 @@ async def drain(
 
 async def steady(settings: Settings, folder: Path, plan: Plan, rate: float) -> dict[str, Any]:
     """End-to-end latency at a steady ``rate``, one worker with a no-op handler."""
-    async with Rig(settings, folder, plan.session) as rig:
+    async with Rig(settings, folder, plan.session, plan.worker_flags()) as rig:
         rig.coordinator()
         rig.worker("worker-1")
         await rig.consuming(["worker-1"])
@@ -141,7 +146,7 @@ async def handover(
 ) -> dict[str, Any]:
     """Under a steady load on one worker, a second joins: the pause of each moved bucket, and
     the throughput of the buckets that stayed, during the handover against before it."""
-    async with Rig(settings, folder, plan.session) as rig:
+    async with Rig(settings, folder, plan.session, plan.worker_flags()) as rig:
         rig.coordinator()
         rig.worker("worker-1", handler)
         await rig.consuming(["worker-1"])
@@ -189,7 +194,7 @@ async def failover(
     SIGSTOP, resumed once the load ends): seconds until each of its buckets processes again on
     the other, with ZooKeeper sessions of ``session`` seconds. A crash is heard from the broker;
     a stopped process keeps its connection, so its buckets wait for its session and a fence."""
-    async with Rig(settings, folder, session) as rig:
+    async with Rig(settings, folder, session, plan.worker_flags()) as rig:
         rig.coordinator()
         rig.worker("worker-1")
         rig.worker("worker-2")
@@ -222,7 +227,7 @@ async def failover(
 
 async def many_keys(settings: Settings, folder: Path, plan: Plan) -> dict[str, Any]:
     """A worker's resident memory before and after messages of ``plan.distinct_keys`` keys."""
-    async with Rig(settings, folder, plan.session) as rig:
+    async with Rig(settings, folder, plan.session, plan.worker_flags()) as rig:
         rig.coordinator()
         rig.worker("worker-1")
         await rig.consuming(["worker-1"])
@@ -244,7 +249,7 @@ async def many_keys(settings: Settings, folder: Path, plan: Plan) -> dict[str, A
 async def seed_workload(settings: Settings, folder: Path, plan: Plan) -> dict[str, Any]:
     """About 5,000 events per second of 50-200 bytes from 100,000 clients for a minute: does
     one worker keep up, and at what CPU (its own, and the whole machine's)."""
-    async with Rig(settings, folder, plan.session) as rig:
+    async with Rig(settings, folder, plan.session, plan.worker_flags()) as rig:
         rig.coordinator()
         rig.worker("worker-1")
         await rig.consuming(["worker-1"])

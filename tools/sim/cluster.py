@@ -272,15 +272,19 @@ class Cluster:
         self.world.after(PUBLISH_GAP, self._publish)
 
     # ------------------------------------------------------------ running
-    def run(self, steps: int) -> Outcome:
+    def start(self) -> None:
+        """The nodes ``hashq init`` creates, then every coordinator and worker started."""
         for path in (PATHS.workers, PATHS.assignments, PATHS.buckets, PATHS.releases, PATHS.parked):
-            self.zk.create(path, b"")  # what ``hashq init`` creates
+            self.zk.create(path, b"")
         topology = Topology("sim", self.scenario.buckets, "quorum", self.broker.delivery_limit)
         self.zk.create(PATHS.topology, topology.to_record())
         for index in range(self.scenario.coordinators):
             self.start_coordinator(index)
         for index in range(self.scenario.workers):
             self.start_worker(index)
+
+    def run(self, steps: int) -> Outcome:
+        self.start()
         self._publish()
         for poison in self.scenario.poisons:
             self.world.after(poison.at, lambda p=poison: self._poison(p))  # type: ignore[misc]
@@ -392,9 +396,11 @@ class Cluster:
         resize = _read_resize(self.zk)
         if resize is not None and resize.under_way:
             return f"the resize to {resize.new} buckets is still {resize.phase.value}"
-        return self._unbalanced()
+        return self.unbalanced()
 
-    def _unbalanced(self) -> str:
+    def unbalanced(self) -> str:
+        """Why the buckets are not yet each granted to a live worker with even shares ("": they
+        are)."""
         live = _read_registrations(self.zk)
         held: Counter[str] = Counter()
         count = Topology.from_record(self.zk.get(PATHS.topology)[0]).buckets

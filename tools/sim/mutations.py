@@ -223,6 +223,14 @@ MUTATIONS = (
         "if self._seen_until == -math.inf:",
     ),
     Mutation(
+        "gone-owner-unreleased",
+        "a bucket whose owner's registration vanished granted at once, released or not",
+        "coordinator/hashq_coordinator/machine/handover.py",
+        "            if released:\n                return _grant(record, target, view)\n"
+        "            return _moving(record, BucketState.FENCING, target, view.now)\n",
+        "            return _grant(record, target, view)\n",
+    ),
+    Mutation(
         "revoke-within-drain",
         "a revoke waits only the owner's drain timeout and the grace, not its session",
         "coordinator/hashq_coordinator/machine/handover.py",

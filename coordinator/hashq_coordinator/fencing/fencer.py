@@ -50,7 +50,10 @@ class Fencer:
         # Told when a fence is done: the coordinator's machine records it in the book.
         self._on_done = on_done or (lambda i, s: self.book.done(i, s, time.monotonic()))
         self._fencing: dict[Incarnation, asyncio.Task[None]] = {}
-        self.cannot_fence: str | None = None  # why the management API cannot fence, if so
+        # Why fencing cannot work, as the probe and as the last fence found it: a probe that
+        # passes does not clear a fence that still fails (nor the reverse).
+        self._troubles: dict[str, str | None] = {"probe": None, "fence": None}
+        self.cannot_fence: str | None = None  # the first of those reasons, if any
 
     async def close(self) -> None:
         self.cancel_all()
@@ -87,15 +90,19 @@ class Fencer:
         worker, life = incarnation
         try:
             covered = self.sighting(incarnation)
-            if await self._gone(incarnation):
-                closed = 0  # the broker says no connection of it is left: nothing to close
-            else:
+            listed = not await self._gone(incarnation)
+            closed = 0  # unless listed: the broker says no connection of it is left
+            if listed:
                 covered = await wait_until_listable(
                     lambda: self.sighting(incarnation), self._settings.management_lag
                 )
                 gone = lambda: self._gone(incarnation)  # noqa: E731 - asked at each retry
                 closed = await fence(self.management, worker, life, self.trouble, gone)
-            log.warning(
+                self.trouble(None)  # done: this fence no longer says it cannot (the probe may)
+            # A worker that stopped leaves no connection: no news (a rolling restart of 1,000
+            # said it 1,000 times); one that had to be looked for in the listing is.
+            log.log(
+                logging.WARNING if listed else logging.INFO,
                 "fenced worker %s incarnation %s (%s)",
                 worker,
                 life,
@@ -129,15 +136,17 @@ class Fencer:
         """Whether the management API lists connections, which closing a live worker's needs:
         checked at start and every few seconds, for readiness and metrics."""
         try:
-            await asyncio.to_thread(self.management.connections)
+            await asyncio.to_thread(self.management.can_list_connections)
         except Exception as exc:
-            self.trouble(f"the management API does not list connections: {exc}")
+            self.trouble(f"the management API does not list connections: {exc}", "probe")
         else:
-            self.trouble(None)
+            self.trouble(None, "probe")
 
-    def trouble(self, why: str | None) -> None:
-        """Record whether fencing works; said once when it stops working and once when it works
-        again, not at every retry."""
+    def trouble(self, problem: str | None, found_by: str = "fence") -> None:
+        """Record whether fencing works, as the probe or a fence (``found_by``) found it; said
+        once when it stops working and once when it works again, not at every retry."""
+        self._troubles[found_by] = problem
+        why = next((reason for reason in self._troubles.values() if reason), None)
         if why and not self.cannot_fence:
             log.error(
                 "coordinator %s cannot fence: %s; a stuck worker's buckets stay where they are, "

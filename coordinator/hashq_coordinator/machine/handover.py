@@ -4,6 +4,7 @@ every bucket, the assignments that follow from them, and the fences to carry out
 Per bucket (states in ``hashq.records.BucketState``):
 
     unassigned --target live--------------------------------> granted(target, epoch + 1)
+    granted --owner gone after releasing this epoch---------> granted(target, epoch + 1)
     granted --owner gone------------------------------------> fencing
     granted --plan moves it---------------------------------> revoking(target)
     revoking --release at epoch seen------------------------> granted(target, epoch + 1)
@@ -169,7 +170,8 @@ def committed_owners(view: View) -> dict[int, str | None]:
 def step(view: View, plan: Mapping[int, str | None], settled: bool = True) -> Decision:
     """The next records. Until membership has ``settled``, no owned bucket starts to move (so a
     rolling restart causes no storm), but buckets without an owner are granted, handovers
-    under way go on, and buckets of vanished owners are fenced."""
+    under way go on, and buckets of vanished owners are fenced (granted, if they released
+    them first)."""
     decision = Decision()
     # A bucket never granted (a resize's new one) is first granted above every bucket's epoch:
     # the keys that move to it keep a rising epoch, so ``msg.epoch`` stays a fencing token per
@@ -200,13 +202,17 @@ def _next(
     if record.state is BucketState.UNASSIGNED:
         return _grant(record, target, view)
     live = _live(record, view)
+    released = (bucket, record.epoch) in view.releases
     if record.state is BucketState.GRANTED:
         if not live:
+            # An owner that released before it went (a clean stop) holds nothing to cut off:
+            # granted at once, where a fence would cost the next owner another round.
+            if released:
+                return _grant(record, target, view)
             return _moving(record, BucketState.FENCING, target, view.now)
         if target is not None and target != record.owner:
             return _moving(record, BucketState.REVOKING, target, view.now)
         return record
-    released = (bucket, record.epoch) in view.releases
     if record.state is BucketState.REVOKING:
         if released:
             return _grant(record, target, view)

@@ -19,6 +19,9 @@ SUMMARY = {
     "consume_ratio",
     "consumer_cpu_ratio",
     "broker_cpu_ratio",
+    "throughput_prefetch",
+    "consume_ratio_default",
+    "consumer_cpu_ratio_default",
     "handover_pause_ms_max",
     "unmoved_throughput_ratio",
     "failover_s",
@@ -41,9 +44,14 @@ def test_quick_bench_prints_one_json_object_with_every_figure(
     assert summary["raw_msgs_per_s"] > 0 and summary["hashq_msgs_per_s"] > 0, summary
     assert summary["ratio"] == round(summary["hashq_msgs_per_s"] / summary["raw_msgs_per_s"], 3)
     assert summary["consumer_cpu_ratio"] > 0, summary  # the worker's CPU, consuming alone
+    assert summary["consumer_cpu_ratio_default"] > 0, summary  # ... at its default prefetch
     assert summary["handover_pause_ms_max"] is not None, done.stderr[-3000:]
     assert summary["failover_s"] is not None, done.stderr[-3000:]
     full = json.loads((tmp_path / "bench.json").read_text())
+    assert summary["throughput_prefetch"] == full["plan"]["throughput_prefetch"] == 128, summary
+    assert summary["consume_ratio_default"] == round(
+        full["hashq_default"]["consumed_per_s"] / full["raw"]["consumed_per_s"], 3
+    )
     assert full["failover"][0]["recovered"] == full["failover"][0]["buckets"] > 0, full
     assert full["handover"]["moved_buckets"] > 0, full
     assert (tmp_path / "bench.png").stat().st_size > 10_000

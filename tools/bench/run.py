@@ -31,6 +31,7 @@ from tools.bench.rig import bench_app
 from tools.bench.scale import scale_out
 from tools.bench.steps import Plan
 
+NOOP = "tools.bench.probe:noop"
 SLEEPY = "tools.bench.probe:sleepy"
 SLEEPY_BUCKETS = 4
 SLEEPY_MESSAGES = 20_000
@@ -65,15 +66,20 @@ async def run_bench(settings: Settings, plan: Plan, folder: Path) -> dict[str, A
         say("1. raw aiormq publisher and consumer")
         raw = results["raw"] = await steps.throughput(app, folder / "raw", plan, "raw")
         say(f"    {raw}")
-        say("2. hashq publisher and worker, no-op handler")
-        hashq = results["hashq"] = await steps.throughput(
-            app, folder / "hashq", plan, "tools.bench.probe:noop"
-        )
+        fast = plan.for_throughput()
+        say(f"2. hashq publisher and worker, no-op handler, prefetch {fast.prefetch}")
+        hashq = results["hashq"] = await steps.throughput(app, folder / "hashq", fast, NOOP)
         say(f"    {hashq}")
         say("   the consuming side alone: queues filled first, then the consumer started")
         raw.update(await steps.drain(app, folder / "raw-drain", plan, "raw"))
-        hashq.update(await steps.drain(app, folder / "hashq-drain", plan, "tools.bench.probe:noop"))
-        say(f"    raw {raw['consumed_per_s']}/s, hashq {hashq['consumed_per_s']}/s")
+        hashq.update(await steps.drain(app, folder / "hashq-drain", fast, NOOP))
+        default = results["hashq_default"] = await steps.drain(
+            app, folder / "hashq-drain-default", plan, NOOP
+        )
+        say(
+            f"    raw {raw['consumed_per_s']}/s, hashq {hashq['consumed_per_s']}/s "
+            f"(at prefetch {plan.prefetch or 'default'}: {default['consumed_per_s']}/s)"
+        )
         rate = hashq["end_to_end_per_s"] / 2
         if not plan.quick:
             say(f"    latency at {rate:.0f}/s (half the maximum)")
@@ -180,15 +186,26 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         ),
         "consumer_cpu_ratio": _cpu_ratio(results, "drain_consumer_cpu_ms_per_1k"),
         "broker_cpu_ratio": _cpu_ratio(results, "drain_broker_cpu_ms_per_1k"),
+        "throughput_prefetch": results["plan"]["throughput_prefetch"],
+        "consume_ratio_default": round(
+            results["hashq_default"]["consumed_per_s"] / results["raw"]["consumed_per_s"], 3
+        ),
+        "consumer_cpu_ratio_default": _cpu_ratio(
+            results, "drain_consumer_cpu_ms_per_1k", "hashq_default"
+        ),
+        "broker_cpu_ratio_default": _cpu_ratio(
+            results, "drain_broker_cpu_ms_per_1k", "hashq_default"
+        ),
         "handover_pause_ms_max": results["handover"]["pause_ms_max"],
         "unmoved_throughput_ratio": results["handover"]["unmoved_throughput_ratio"],
         "failover_s": results["failover"][0]["failover_s_max"],
     }
 
 
-def _cpu_ratio(results: dict[str, Any], figure: str) -> float | None:
-    """hashq's CPU per message against the raw side's, consuming alone (None: not measured)."""
-    raw, hashq = results["raw"].get(figure), results["hashq"].get(figure)
+def _cpu_ratio(results: dict[str, Any], figure: str, side: str = "hashq") -> float | None:
+    """hashq's CPU per message (``side``: at its throughput setting, or ``hashq_default``)
+    against the raw side's, consuming alone (None: not measured)."""
+    raw, hashq = results["raw"].get(figure), results[side].get(figure)
     return round(hashq / raw, 3) if raw and hashq is not None else None
 
 
@@ -215,6 +232,11 @@ def print_summary(results: dict[str, Any]) -> None:
         if (figure := f"drain_{role}_cpu_ms_per_1k") in results[side]
     ]
     rows.append(("worker CPU / raw consumer CPU, alone", results["summary"]["consumer_cpu_ratio"]))
+    rows += [
+        ("hashq consume alone, run's prefetch", results["hashq_default"]["consumed_per_s"]),
+        ("  its ratio", results["summary"]["consume_ratio_default"]),
+        ("  its worker CPU / raw consumer CPU", results["summary"]["consumer_cpu_ratio_default"]),
+    ]
     rows += [
         ("handover pause, max ms", results["handover"]["pause_ms_max"]),
         ("unmoved throughput ratio", results["handover"]["unmoved_throughput_ratio"]),
@@ -255,7 +277,8 @@ def print_summary(results: dict[str, Any]) -> None:
 
 
 async def bench(settings: Settings, args: argparse.Namespace) -> int:
-    plan = Plan.quick_plan(args.prefetch) if args.quick else Plan(prefetch=args.prefetch)
+    sizes = {"prefetch": args.prefetch, "throughput_prefetch": args.throughput_prefetch}
+    plan = Plan.quick_plan(**sizes) if args.quick else Plan(**sizes)
     folder = Path(args.out or tempfile.mkdtemp(prefix="hashq-bench-"))
     alone = {"hot_key": hot, "resize": grow, "scale_out": scale}
     if step := next((name for name in alone if getattr(args, name)), None):  # that step alone
@@ -307,8 +330,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--prefetch",
         type=int,
-        help="the hashq workers' prefetch per bucket (default: their own, 32); the hot-key and "
-        "resize steps keep their own settings",
+        help="the hashq workers' prefetch per bucket (default: their own, 32), except in the "
+        "steps compared with the raw side; the hot-key and resize steps keep their own settings",
+    )
+    parser.add_argument(
+        "--throughput-prefetch",
+        type=int,
+        default=128,
+        help="the worker's prefetch in the end-to-end and consume-alone steps, compared with a "
+        "raw consumer tuned for throughput (default: 128, hashq's documented throughput "
+        "setting); its consume-alone at --prefetch is reported beside it",
     )
     args = parser.parse_args(argv)
     logging_from_args(args)

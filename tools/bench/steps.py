@@ -7,7 +7,7 @@ import asyncio
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,25 @@ class Plan:
     seed_seconds: float = 60.0
     quick: bool = False
     prefetch: int | None = None  # the workers' HASHQ_PREFETCH (None: their default, 32)
+    # The worker's prefetch in the steps compared with the raw consumer, which is tuned for
+    # throughput (one channel, a prefetch of 1,000, acks every 100): hashq's documented
+    # throughput setting (docs/operations.md). Its consuming alone at ``prefetch`` is measured
+    # beside it.
+    throughput_prefetch: int = 128
 
     @classmethod
-    def quick_plan(cls, prefetch: int | None = None) -> Plan:
-        return cls(messages=20_000, steady_seconds=6.0, quick=True, prefetch=prefetch)
+    def quick_plan(cls, prefetch: int | None = None, throughput_prefetch: int = 128) -> Plan:
+        return cls(
+            messages=20_000,
+            steady_seconds=6.0,
+            quick=True,
+            prefetch=prefetch,
+            throughput_prefetch=throughput_prefetch,
+        )
+
+    def for_throughput(self) -> Plan:
+        """The plan of the steps compared with the raw side: hashq at its throughput setting."""
+        return replace(self, prefetch=self.throughput_prefetch)
 
     def worker_flags(self) -> tuple[str, ...]:
         """Flags every hashq worker of the run gets, before a step's own."""

@@ -7,8 +7,9 @@ them with ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -19,6 +20,7 @@ from kazoo.exceptions import (
     RolledBackError,
 )
 from kazoo.interfaces import IAsyncResult
+from kazoo.protocol.states import Callback, WatchedEvent
 
 from hashq.errors import Deposed, WorkerReturned
 from hashq.records import (
@@ -30,12 +32,12 @@ from hashq.records import (
     parse_release_name,
 )
 from hashq.topology import Topology
+from hashq_coordinator.registrations import Member, Registrations, listed_in_order
 
-
-@dataclass(frozen=True)
-class Member:
-    registration: Registration
-    version: int = 0  # of its node: an expulsion's delete checks it
+log = logging.getLogger(__name__)
+# How long a look waits for kazoo's callback thread to run the watch notifications that came
+# before its listing; past it, the look reads every registration, as if nothing were known.
+WATCHES_RUN_SECONDS = 2.0
 
 
 class Store:
@@ -44,6 +46,8 @@ class Store:
         self.paths = paths
         self.buckets = buckets
         self._alive = f"{paths.root}/leader-session-none"
+        self._registrations = Registrations()
+        zk.add_listener(lambda _state: self._registrations.forget())
 
     # ------------------------------------------------------------ reading
     def bucket_count(self) -> int:
@@ -54,19 +58,42 @@ class Store:
         return self.buckets
 
     def workers(self) -> dict[str, Member]:
-        found = {}
+        """Every registration with its node's version: one listing, then a read of only those
+        new or changed since their last read (``hashq_coordinator.registrations``)."""
         names = self.zk.get_children(self.paths.workers)
-        for name, read in zip(names, self._read_all(map(self.paths.worker, names)), strict=True):
+        if not self._watches_run():
+            self._registrations.forget()
+        kept, unread, generation = self._registrations.unread(names)
+        read = {}
+        paths = map(self.paths.worker, unread)
+        for name, answer in zip(unread, self._read_all(paths, self._changed), strict=True):
             with contextlib.suppress(NoNodeError, ValueError, TypeError):
-                data, stat = read.get()
-                found[name] = Member(Registration.decode(data), int(stat.version))
-        return found
+                data, stat = answer.get()
+                read[name] = Member(Registration.decode(data), int(stat.version))
+        self._registrations.remember(generation, read)
+        return listed_in_order(names, kept, read)
 
-    def _read_all(self, paths: Iterable[str]) -> list[IAsyncResult]:
+    def _changed(self, event: WatchedEvent) -> None:
+        if event.path:
+            self._registrations.changed(event.path.rsplit("/", 1)[-1])
+        else:  # kazoo closed the session: its watches are gone
+            self._registrations.forget()
+
+    def _watches_run(self) -> bool:
+        """Wait until kazoo's callback thread has run every notification queued before now: it
+        runs them one at a time, in the order they arrived."""
+        passed = threading.Event()
+        self.zk.handler.dispatch_callback(Callback("watch", passed.set, ()))
+        if passed.wait(WATCHES_RUN_SECONDS):
+            return True
+        log.warning("kazoo's callback thread is busy: every registration is read again")
+        return False
+
+    def _read_all(self, paths: Iterable[str], watch: object = None) -> list[IAsyncResult]:
         """Every node's read asked at once, answered in order: one round trip's wait for them
         all, not one each (ZooKeeper answers a session's requests in the order they came).
         Each answer's ``get()`` gives the data and stat, or raises as ``zk.get`` would."""
-        return [self.zk.get_async(path) for path in paths]
+        return [self.zk.get_async(path, watch=watch) for path in paths]
 
     def releases(self) -> dict[tuple[int, int], str]:
         """(bucket, epoch) -> node name of every release written."""
@@ -99,6 +126,7 @@ class Store:
         """Become leader: raise the leader epoch with a compare-and-set, and tie the lead to this
         session with an ephemeral node; returns the leadership and the leader node's version,
         which every later write checks (with the ephemeral node's existence)."""
+        self._registrations.forget()  # a new lead reads every registration
         leadership, version = self._raise_epoch(me)
         self._alive = f"{self.paths.root}/leader-session-{leadership.epoch:010d}"
         self.zk.create(self._alive, me.encode(), ephemeral=True)

@@ -5,6 +5,7 @@ checked commit, and fences through the liveness queue and the management API."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from hashq.topology import Topology
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
 from hashq_coordinator.machine.fencebook import Incarnation
+from hashq_coordinator.registrations import Member, Registrations, listed_in_order
 from tools.sim.invariants import Invariants
 from tools.sim.process import Process
 from tools.sim.rabbit import Broker
@@ -80,6 +82,8 @@ class SimCoordinator(Process):
         )
         self.client = ZkClient(zk, self.zk_link, config.session_timeout, self.bound(self._zk_state))
         self._lock_node = ""
+        self._registrations = Registrations()  # ``Store``'s
+        self._watched: set[str] = set()  # registrations watched (the model's watches last)
         self._buckets = 0  # the topology record's count, as last read
         self._campaigning = False
         self._generation = itertools.count(1)
@@ -118,6 +122,7 @@ class SimCoordinator(Process):
         self.later(TICK_SECONDS, self._ticking)
 
     def _zk_state(self, state: str) -> None:
+        self._registrations.forget()  # ``Store``'s listener: a notification may be lost
         if state == "lost":
             self.post(cm.SessionLost())
         elif state == "connected":
@@ -213,6 +218,7 @@ class SimCoordinator(Process):
         """``Store.claim``, then the records, then the assignments: three requests, as in
         production, any of which may fail with the lock held."""
         me = self.name
+        self._registrations.forget()  # as ``Store.claim``: a new lead reads everything
 
         def claim(zk: ZooKeeper, session: int) -> tuple[int, int]:
             try:
@@ -280,13 +286,9 @@ class SimCoordinator(Process):
         release may appear between them; then the liveness of each suspect and the state of
         each bucket queue asked about."""
 
-        def read_workers(zk: ZooKeeper, _: int) -> tuple[int, dict[str, tuple[Registration, int]]]:
+        def list_workers(zk: ZooKeeper, _: int) -> tuple[int, list[str]]:
             buckets = Topology.from_record(zk.get(PATHS.topology)[0]).buckets
-            found = {}
-            for name in zk.children(PATHS.workers):
-                data, stat = zk.get(PATHS.worker(name))
-                found[name] = (Registration.decode(data), stat.version)
-            return buckets, found
+            return buckets, zk.children(PATHS.workers)
 
         def read_releases(zk: ZooKeeper, _: int) -> dict[tuple[int, int], str]:
             found = {}
@@ -300,15 +302,21 @@ class SimCoordinator(Process):
             if isinstance(answer, ZkError):
                 self.post(cm.ObserveFailed(type(answer).__name__))
                 return
-            self._buckets, workers = answer
+            self._buckets, names = answer
+            self._read_registrations(names, lambda workers: got_members(workers))
+
+        def got_members(workers: Any) -> None:
+            if isinstance(workers, ZkError):
+                self.post(cm.ObserveFailed(type(workers).__name__))
+                return
             self._call(read_releases, lambda releases: got_releases(workers, releases))
 
-        def got_releases(workers: dict[str, tuple[Registration, int]], answer: Any) -> None:
+        def got_releases(workers: dict[str, Member], answer: Any) -> None:
             if isinstance(answer, ZkError):
                 self.post(cm.ObserveFailed(type(answer).__name__))
                 return
-            registrations = {name: registration for name, (registration, _) in workers.items()}
-            versions = {name: version for name, (_, version) in workers.items()}
+            registrations = {name: member.registration for name, member in workers.items()}
+            versions = {name: member.version for name, member in workers.items()}
             if not ask_gone and not ask_held:
                 self.post(cm.Observed(registrations, answer, versions, buckets=self._buckets))
                 return
@@ -323,7 +331,39 @@ class SimCoordinator(Process):
 
             self.later(self.world.latency(), asked)
 
-        self._call(read_workers, got_workers)
+        self._call(list_workers, got_workers)
+
+    def _read_registrations(self, names: list[str], then: Callable[[Any], None]) -> None:
+        """``Store.workers`` after its listing: every notification sent before the listing's
+        answer has run (the down pipe is FIFO), so read only the new and the changed, each
+        watched from its read on; ``then`` gets every member, in the listing's order."""
+        for name in names:
+            self._watch_registration(name)  # (the model's watch tells at once: ``unread`` reads)
+        kept, unread, generation = self._registrations.unread(names)
+
+        def read(zk: ZooKeeper, _: int) -> dict[str, Member]:
+            found = {}
+            for name in unread:
+                with contextlib.suppress(NoNode):
+                    data, stat = zk.get(PATHS.worker(name))
+                    found[name] = Member(Registration.decode(data), stat.version)
+            return found
+
+        def got(answer: Any) -> None:
+            if not isinstance(answer, ZkError):
+                self._registrations.remember(generation, answer)
+                answer = listed_in_order(names, kept, answer)
+            then(answer)
+
+        self._call(read, got)
+
+    def _watch_registration(self, name: str) -> None:
+        """``Store._read_all``'s watch: kazoo's is set by each read, the model's once, for good
+        (it is called again at every reconnection, where ``forget`` covers it)."""
+        if name not in self._watched:
+            self._watched.add(name)
+            path = PATHS.worker(name)
+            self.client.watch(path, self.bound(lambda: self._registrations.changed(name)))
 
     def _commit(self, commit: cm.Commit) -> None:
         if self.on_commit is not None:

@@ -445,6 +445,13 @@ MUTATIONS = (
         "zk.delete(PATHS.worker(worker))",
     ),
     Mutation(
+        "registrations-unwatched",
+        "the leader keeps a registration it read after its node changed (its watch does nothing)",
+        "tools/sim/coordinator.py",
+        "lambda: self._registrations.changed(name)",
+        "lambda: None",
+    ),
+    Mutation(
         "expel-without-liveness",
         "a worker whose connection closed expelled without asking the broker",
         "coordinator/hashq_coordinator/machine/core.py",

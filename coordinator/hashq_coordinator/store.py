@@ -47,6 +47,7 @@ class Store:
         self.buckets = buckets
         self._alive = f"{paths.root}/leader-session-none"
         self._registrations = Registrations()
+        self._callbacks_late = False  # said so (``_watches_run``)
         zk.add_listener(lambda _state: self._registrations.forget())
 
     # ------------------------------------------------------------ reading
@@ -81,13 +82,22 @@ class Store:
 
     def _watches_run(self) -> bool:
         """Wait until kazoo's callback thread has run every notification queued before now: it
-        runs them one at a time, in the order they arrived."""
+        runs them one at a time, in the order they arrived. Said once when it stops keeping up,
+        and once when it is back."""
         passed = threading.Event()
         self.zk.handler.dispatch_callback(Callback("watch", passed.set, ()))
-        if passed.wait(WATCHES_RUN_SECONDS):
-            return True
-        log.warning("kazoo's callback thread is busy: every registration is read again")
-        return False
+        ran = passed.wait(WATCHES_RUN_SECONDS)
+        if ran is self._callbacks_late:
+            self._callbacks_late = not ran
+            if ran:
+                log.info("kazoo's callback thread keeps up again: registrations read as changed")
+            else:
+                log.warning(
+                    "kazoo's callback thread is over %.0f s behind: every look reads every "
+                    "registration until it keeps up",
+                    WATCHES_RUN_SECONDS,
+                )
+        return ran
 
     def _read_all(self, paths: Iterable[str], watch: object = None) -> list[IAsyncResult]:
         """Every node's read asked at once, answered in order: one round trip's wait for them

@@ -4,9 +4,10 @@ look is what the look sees, with no wait (``Store.workers``)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from kazoo.client import KazooClient
@@ -39,10 +40,24 @@ class Reads:
         return count
 
 
+class Scene(NamedTuple):
+    """A store on the leader's client; w1 and w2 registered by another client, not looked at."""
+
+    leader: KazooClient
+    workers: KazooClient
+    paths: Paths
+    store: Store
+    reads: Reads
+
+
 @pytest.fixture
-def clients(initialized: Settings) -> Iterator[tuple[KazooClient, KazooClient]]:
+def scene(initialized: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scene]:
     leader, workers = open_zk(initialized.zk_hosts), open_zk(initialized.zk_hosts)
-    yield leader, workers
+    paths = Paths(initialized.app)
+    for name in ("w1", "w2"):
+        workers.create(paths.worker(name), _registration(name, f"{name}-0"), ephemeral=True)
+    store = Store(leader, paths, initialized.buckets)
+    yield Scene(leader, workers, paths, store, Reads(leader, paths.workers, monkeypatch))
     for client in (leader, workers):
         client.stop()
         client.close()
@@ -62,16 +77,9 @@ def _seen(store: Store) -> dict[str, tuple[str, int]]:
 
 
 def test_a_look_reads_only_what_changed_and_sees_every_change_at_once(
-    initialized: Settings,
-    clients: tuple[KazooClient, KazooClient],
-    monkeypatch: pytest.MonkeyPatch,
+    scene: Scene,
 ) -> None:
-    leader, workers = clients
-    paths = Paths(initialized.app)
-    store = Store(leader, paths, initialized.buckets)
-    reads = Reads(leader, paths.workers, monkeypatch)
-    for name in ("w1", "w2"):
-        workers.create(paths.worker(name), _registration(name, f"{name}-0"), ephemeral=True)
+    leader, workers, paths, store, reads = scene
     assert _seen(store) == {"w1": ("w1-0", 0), "w2": ("w2-0", 0)}
     assert reads.taken() == 2
     assert _seen(store) == {"w1": ("w1-0", 0), "w2": ("w2-0", 0)}
@@ -94,17 +102,10 @@ def test_a_look_reads_only_what_changed_and_sees_every_change_at_once(
 
 
 def test_a_new_connection_or_lead_reads_every_registration_again(
-    initialized: Settings,
-    clients: tuple[KazooClient, KazooClient],
-    monkeypatch: pytest.MonkeyPatch,
+    scene: Scene,
 ) -> None:
     """Watches do not outlive a session, and one may have fired while disconnected."""
-    leader, workers = clients
-    paths = Paths(initialized.app)
-    store = Store(leader, paths, initialized.buckets)
-    reads = Reads(leader, paths.workers, monkeypatch)
-    for name in ("w1", "w2"):
-        workers.create(paths.worker(name), _registration(name, f"{name}-0"), ephemeral=True)
+    leader, workers, paths, store, reads = scene
     store.workers()
     assert reads.taken() == 2
     leader.stop()
@@ -118,19 +119,21 @@ def test_a_new_connection_or_lead_reads_every_registration_again(
 
 
 def test_a_look_that_cannot_wait_for_the_watches_reads_every_registration(
-    initialized: Settings,
-    clients: tuple[KazooClient, KazooClient],
-    monkeypatch: pytest.MonkeyPatch,
+    scene: Scene, caplog: pytest.LogCaptureFixture
 ) -> None:
-    leader, workers = clients
-    paths = Paths(initialized.app)
-    store = Store(leader, paths, initialized.buckets)
-    reads = Reads(leader, paths.workers, monkeypatch)
-    for name in ("w1", "w2"):
-        workers.create(paths.worker(name), _registration(name, f"{name}-0"), ephemeral=True)
+    leader, workers, paths, store, reads = scene
     store.workers()
     reads.taken()
     _busy(leader, WATCHES_RUN_SECONDS + 0.5)
     workers.set(paths.worker("w1"), _registration("w1", "w1-1"))
-    assert _seen(store) == {"w1": ("w1-1", 1), "w2": ("w2-0", 0)}
-    assert reads.taken() == 2
+    with caplog.at_level(logging.INFO, logger="hashq_coordinator.store"):
+        assert _seen(store) == {"w1": ("w1-1", 1), "w2": ("w2-0", 0)}
+        assert reads.taken() == 2
+        said = [(r.levelno, r.getMessage()) for r in caplog.records]
+        assert [level for level, _ in said] == [logging.WARNING], said
+        time.sleep(1)  # the busy callback ends
+        assert _seen(store) == {"w1": ("w1-1", 1), "w2": ("w2-0", 0)}
+        assert _seen(store) == {"w1": ("w1-1", 1), "w2": ("w2-0", 0)}
+        assert reads.taken() == 1  # w1 once more: its notice ran late; then known
+        said = [(r.levelno, r.getMessage()) for r in caplog.records]
+        assert [level for level, _ in said] == [logging.WARNING, logging.INFO], said

@@ -1,11 +1,12 @@
 """What the leader's ZooKeeper reads cost at scale: ``python -m tools.bench.zk_reads``.
 
-The leader reads every registration at each observation (every 0.5 s, and again at once after
-a busy one) and every bucket record when it is elected (``hashq_coordinator.store``). This
+The leader looks at the registrations at each observation (every 0.5 s, and again at once
+after a busy one): it reads every one when it is elected, and then only those a watch says
+changed; it reads every bucket record when it is elected (``hashq_coordinator.store``). This
 writes ``--workers`` registrations and ``--buckets`` records under an app of its own on the
 configured ZooKeeper, times the store's reads of them (each read asked at once, then the
-answers taken in order), and the same nodes' reads alone, without decoding them. It removes the
-app after.
+answers taken in order), a look with nothing changed, and the same nodes' reads alone, without
+decoding them. It removes the app after.
 """
 
 from __future__ import annotations
@@ -54,13 +55,17 @@ def measure(settings: Settings, workers: int, buckets: int) -> None:
     try:
         populate(zk, paths, workers, buckets)
         store = Store(zk, paths, buckets)
+        store.workers()  # every registration known, and watched
 
         def pipelined(nodes: list[str]) -> list[Any]:
             pending = [zk.get_async(node) for node in nodes]
             return [answer.get() for answer in pending]
 
         reads = {
-            f"every registration ({workers:,}), as the leader reads them": store.workers,
+            f"every registration ({workers:,}), as a new leader reads them": lambda: Store(
+                zk, paths, buckets
+            ).workers(),
+            "a look at them with nothing changed, as the leader's every 0.5 s": store.workers,
             f"every bucket record ({buckets:,}), as a new leader reads them": store.records,
             "the registrations' nodes alone, not decoded": lambda: pipelined(
                 [paths.worker(name) for name in zk.get_children(paths.workers)]

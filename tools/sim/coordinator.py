@@ -303,7 +303,7 @@ class SimCoordinator(Process):
                 self.post(cm.ObserveFailed(type(answer).__name__))
                 return
             self._buckets, names = answer
-            self._read_registrations(names, lambda workers: got_members(workers))
+            self._read_registrations(names, got_members)
 
         def got_members(workers: Any) -> None:
             if isinstance(workers, ZkError):

@@ -13,8 +13,10 @@ A look, in order:
 5. ``remember`` what was read.
 
 Why a stale entry cannot do harm: an entry is kept only while its watch, set by the read that
-filled it, has not fired; a notification lost with a connection or a session is covered by
-``forget`` on every change of the connection's state, after which everything is read again. And
+filled it, has not fired; watches do not outlive a connection (kazoo drops its watchers at
+every disconnection and sends no SetWatches), so ``forget`` on every change of the
+connection's state, or when a watcher is called with no path, makes the next look read
+everything. And
 an expulsion deletes the registration only at the version read, so a registration that changed
 unseen is refused, not deleted (``WorkerReturned``).
 """
@@ -36,7 +38,8 @@ class Member:
 
 class Registrations:
     """Thread-safe: watches call ``changed`` and connection listeners ``forget`` from kazoo's
-    threads while a look runs in another."""
+    threads while a look runs in another. One look at a time (the leader observes one at a
+    time): a look's ``remember`` landing after a later look's would keep the older read."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

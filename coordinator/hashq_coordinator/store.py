@@ -37,7 +37,8 @@ from hashq_coordinator.registrations import Member, Registrations, listed_in_ord
 log = logging.getLogger(__name__)
 # How long a look waits for kazoo's callback thread to run the watch notifications that came
 # before its listing; past it, the look reads every registration, as if nothing were known.
-WATCHES_RUN_SECONDS = 2.0
+# Short: the leader's loop waits for the look, and reading everything is always safe.
+WATCHES_RUN_SECONDS = 0.5
 
 
 class Store:
@@ -77,7 +78,7 @@ class Store:
     def _changed(self, event: WatchedEvent) -> None:
         if event.path:
             self._registrations.changed(event.path.rsplit("/", 1)[-1])
-        else:  # kazoo closed the session: its watches are gone
+        else:  # kazoo dropped its watchers (a lost connection or session): none is left
             self._registrations.forget()
 
     def _watches_run(self) -> bool:

@@ -104,7 +104,7 @@ def test_a_look_reads_only_what_changed_and_sees_every_change_at_once(
 def test_a_new_connection_or_lead_reads_every_registration_again(
     scene: Scene,
 ) -> None:
-    """Watches do not outlive a session, and one may have fired while disconnected."""
+    """Watches do not outlive a connection (kazoo drops them), nor a session."""
     leader, workers, paths, store, reads = scene
     store.workers()
     assert reads.taken() == 2

@@ -65,3 +65,14 @@ def test_a_registration_whose_read_found_no_node_is_read_at_the_next_look() -> N
     assert _look(known, ["a", "b"], nodes) == ["a", "b"]  # a deleted between listing and read
     nodes["a"] = _member("a1")
     assert _look(known, ["a", "b"], nodes) == ["a"]
+
+
+def test_a_change_told_while_a_look_reads_is_read_again_at_the_next() -> None:
+    """The read may have answered before the change: its notice must not be lost."""
+    known, nodes = Registrations(), {"a": _member("a1")}
+    _, unread, generation = known.unread(["a"])
+    assert unread == ["a"]
+    known.changed("a")  # the watch the read set fires before the look remembers
+    nodes["a"] = _member("a2", version=1)
+    known.remember(generation, {"a": _member("a1")})
+    assert _look(known, ["a"], nodes) == ["a"]

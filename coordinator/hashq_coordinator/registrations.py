@@ -16,9 +16,8 @@ Why a stale entry cannot do harm: an entry is kept only while its watch, set by 
 filled it, has not fired; watches do not outlive a connection (kazoo drops its watchers at
 every disconnection and sends no SetWatches), so ``forget`` on every change of the
 connection's state, or when a watcher is called with no path, makes the next look read
-everything. And
-an expulsion deletes the registration only at the version read, so a registration that changed
-unseen is refused, not deleted (``WorkerReturned``).
+everything. And an expulsion deletes the registration only at the version read, so a
+registration that changed unseen is refused, not deleted (``WorkerReturned``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from tools.bench.resize import OLD as RESIZE_OLD
 from tools.bench.resize import resize_pause
 from tools.bench.rig import bench_app
 from tools.bench.scale import scale_out
-from tools.bench.steps import Plan
+from tools.bench.steps import THROUGHPUT_PREFETCH, Plan
 
 NOOP = "tools.bench.probe:noop"
 SLEEPY = "tools.bench.probe:sleepy"
@@ -181,30 +181,28 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         "ratio": round(hashq / raw, 3),
         "raw_consumed_per_s": results["raw"]["consumed_per_s"],
         "hashq_consumed_per_s": results["hashq"]["consumed_per_s"],
-        "consume_ratio": round(
-            results["hashq"]["consumed_per_s"] / results["raw"]["consumed_per_s"], 3
-        ),
-        "consumer_cpu_ratio": _cpu_ratio(results, "drain_consumer_cpu_ms_per_1k"),
-        "broker_cpu_ratio": _cpu_ratio(results, "drain_broker_cpu_ms_per_1k"),
+        **_drain_ratios(results, "hashq"),
         "throughput_prefetch": results["plan"]["throughput_prefetch"],
-        "consume_ratio_default": round(
-            results["hashq_default"]["consumed_per_s"] / results["raw"]["consumed_per_s"], 3
-        ),
-        "consumer_cpu_ratio_default": _cpu_ratio(
-            results, "drain_consumer_cpu_ms_per_1k", "hashq_default"
-        ),
-        "broker_cpu_ratio_default": _cpu_ratio(
-            results, "drain_broker_cpu_ms_per_1k", "hashq_default"
-        ),
+        **_drain_ratios(results, "hashq_default", "_default"),
         "handover_pause_ms_max": results["handover"]["pause_ms_max"],
         "unmoved_throughput_ratio": results["handover"]["unmoved_throughput_ratio"],
         "failover_s": results["failover"][0]["failover_s_max"],
     }
 
 
-def _cpu_ratio(results: dict[str, Any], figure: str, side: str = "hashq") -> float | None:
-    """hashq's CPU per message (``side``: at its throughput setting, or ``hashq_default``)
-    against the raw side's, consuming alone (None: not measured)."""
+def _drain_ratios(results: dict[str, Any], side: str, suffix: str = "") -> dict[str, Any]:
+    """hashq consuming alone (``side``: at its throughput setting, or ``hashq_default``)
+    against the raw consumer: its rate, and the CPU per message of the consumer and the
+    broker."""
+    return {
+        f"consume_ratio{suffix}": _ratio(results, "consumed_per_s", side),
+        f"consumer_cpu_ratio{suffix}": _ratio(results, "drain_consumer_cpu_ms_per_1k", side),
+        f"broker_cpu_ratio{suffix}": _ratio(results, "drain_broker_cpu_ms_per_1k", side),
+    }
+
+
+def _ratio(results: dict[str, Any], figure: str, side: str) -> float | None:
+    """``side``'s ``figure`` against the raw side's (None: not measured)."""
     raw, hashq = results["raw"].get(figure), results[side].get(figure)
     return round(hashq / raw, 3) if raw and hashq is not None else None
 
@@ -336,10 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--throughput-prefetch",
         type=int,
-        default=128,
+        default=THROUGHPUT_PREFETCH,
         help="the worker's prefetch in the end-to-end and consume-alone steps, compared with a "
-        "raw consumer tuned for throughput (default: 128, hashq's documented throughput "
-        "setting); its consume-alone at --prefetch is reported beside it",
+        f"raw consumer tuned for throughput (default: {THROUGHPUT_PREFETCH}, hashq's documented "
+        "throughput setting); its consume-alone at --prefetch is reported beside it",
     )
     args = parser.parse_args(argv)
     logging_from_args(args)

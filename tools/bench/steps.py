@@ -17,6 +17,11 @@ from tools.bench import figures
 from tools.bench.raw import Shape
 from tools.bench.rig import Rig, broker_pid, cpu_seconds, machine_cpu, resident_mb
 
+# hashq's documented throughput setting (docs/operations.md, HASHQ_PREFETCH), for the steps
+# compared with a raw consumer tuned for throughput (one channel, a prefetch of 1,000, acks
+# every 100).
+THROUGHPUT_PREFETCH = 128
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -32,13 +37,13 @@ class Plan:
     quick: bool = False
     prefetch: int | None = None  # the workers' HASHQ_PREFETCH (None: their default, 32)
     # The worker's prefetch in the steps compared with the raw consumer, which is tuned for
-    # throughput (one channel, a prefetch of 1,000, acks every 100): hashq's documented
-    # throughput setting (docs/operations.md). Its consuming alone at ``prefetch`` is measured
-    # beside it.
-    throughput_prefetch: int = 128
+    # throughput: its consuming alone at ``prefetch`` is measured beside it.
+    throughput_prefetch: int = THROUGHPUT_PREFETCH
 
     @classmethod
-    def quick_plan(cls, prefetch: int | None = None, throughput_prefetch: int = 128) -> Plan:
+    def quick_plan(
+        cls, prefetch: int | None = None, throughput_prefetch: int = THROUGHPUT_PREFETCH
+    ) -> Plan:
         return cls(
             messages=20_000,
             steady_seconds=6.0,

@@ -1,10 +1,13 @@
-"""hashq._io.direct: a bucket channel's deliveries handed over in its reader, read as aiormq
-reads them; and a tripwire for the aiormq internals it relies on."""
+"""hashq._io.direct: a bucket channel's deliveries handed over in the connection's reader as
+their frames come, or else in the channel's reader, read as aiormq reads them; and a tripwire
+for the aiormq internals it relies on."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+from typing import Any
 
 import aiormq
 import pytest
@@ -22,6 +25,8 @@ class _Channel:
 
     _read_content = aiormq.Channel._read_content
     _Channel__get_content_frame = aiormq.Channel._Channel__get_content_frame  # type: ignore[attr-defined]
+
+    is_closed = False
 
     def __init__(self, frames: list[object]) -> None:
         self.consumers = {"ctag": object()}
@@ -42,6 +47,16 @@ def test_aiormq_reader_still_hands_deliveries_to_the_method_replaced() -> None:
     """If a new aiormq stops calling ``_on_deliver_frame`` through the channel, the
     replacement would be silently skipped: deliveries would be slower, not lost."""
     assert "self._on_deliver_frame(frame)" in inspect.getsource(aiormq.Channel._reader)
+
+
+def test_aiormq_connection_reader_puts_each_frame_in_its_channels_queue() -> None:
+    """If a new aiormq stops calling the queue's ``put`` for a channel's frames, deliveries
+    go through the channel's reader, slower; if it put some frames another way, a delivery
+    read in the connection's reader could pass a frame queued before it."""
+    reader = inspect.getsource(aiormq.Connection._Connection__reader)  # type: ignore[attr-defined]
+    assert "await ch.frames.put((weight, frame))" in reader
+    assert "frames.put_nowait" not in inspect.getsource(aiormq.connection)
+    assert "self.frames: asyncio.Queue = asyncio.Queue(" in inspect.getsource(aiormq.Channel)
 
 
 def test_the_installed_aiormq_has_what_the_replacement_relies_on() -> None:
@@ -125,3 +140,109 @@ def test_an_aiormq_without_what_it_takes_is_left_as_it_is() -> None:
     other = Other()
     assert not deliver_directly(other, lambda message: None)  # type: ignore[arg-type]
     assert not hasattr(other, "_on_deliver_frame")
+
+
+# ---------------------------------------------------------------- in the connection's reader
+class _Queued(_Channel):
+    """A channel whose frames the connection's reader puts in its queue, as aiormq's do."""
+
+    def __init__(self, maxsize: int = 10) -> None:
+        super().__init__([])
+        self.frames: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(maxsize=maxsize)
+
+    def queued(self) -> list[Any]:
+        return [self.frames.get_nowait()[1] for _ in range(self.frames.qsize())]
+
+
+def _frames(tag: int, *parts: bytes, consumer: str = "ctag") -> list[object]:
+    size = sum(len(part) for part in parts)
+    header = ContentHeader(body_size=size, properties=spec.Basic.Properties(message_id=f"m{tag}"))
+    return [_deliver(tag, consumer), header, *(ContentBody(part) for part in parts)]
+
+
+async def _put(channel: _Queued, frames: list[object]) -> None:
+    for frame in frames:
+        await channel.frames.put((1, frame))
+
+
+async def test_a_delivery_is_handed_over_as_its_last_frame_comes_and_nothing_is_queued() -> None:
+    channel = _Queued()
+    got: list[DeliveredMessage] = []
+    deliver_directly(channel, got.append)  # type: ignore[arg-type]
+    await _put(channel, _frames(1, b"abc", b"def")[:-1])
+    assert got == []  # its last body frame is still to come
+    await _put(channel, [ContentBody(b"def"), *_frames(2), *_frames(3, b"x")])
+    assert [(m.delivery_tag, m.body, m.header.properties.message_id) for m in got] == [
+        (1, b"abcdef", "m1"),
+        (2, b"", "m2"),
+        (3, b"x", "m3"),
+    ]
+    assert channel.queued() == []
+
+
+async def test_a_delivery_behind_a_queued_frame_is_queued_behind_it() -> None:
+    """A frame the channel's reader has not taken yet (here a reply) comes first: the delivery
+    after it goes to the queue too, in order, and the channel's reader hands it over."""
+    channel = _Queued()
+    got: list[DeliveredMessage] = []
+    deliver_directly(channel, got.append)  # type: ignore[arg-type]
+    reply = spec.Basic.QosOk()
+    await _put(channel, [reply, *_frames(1, b"a")])
+    assert got == []
+    queued = channel.queued()
+    assert queued[0] is reply and [type(f) for f in queued[1:]] == [
+        spec.Basic.Deliver,
+        ContentHeader,
+        ContentBody,
+    ]
+    await _put(channel, _frames(2, b"b"))  # the queue was emptied: read here again
+    assert [m.delivery_tag for m in got] == [2]
+
+
+async def test_frames_other_than_a_deliverys_are_queued_with_the_queues_own_wait() -> None:
+    channel = _Queued(maxsize=1)
+    deliver_directly(channel, lambda message: None)  # type: ignore[arg-type]
+    await channel.frames.put((1, spec.Basic.QosOk()))
+    second = asyncio.ensure_future(channel.frames.put((1, spec.Basic.CancelOk("ctag"))))
+    await asyncio.sleep(0.01)
+    assert not second.done()  # the queue is full: the connection's reader waits, as before
+    channel.frames.get_nowait()
+    await asyncio.wait_for(second, 1)
+    assert isinstance(channel.queued()[0], spec.Basic.CancelOk)
+
+
+async def test_a_delivery_to_a_cancelled_consumer_or_a_closed_channel_is_read_and_dropped() -> None:
+    channel = _Queued()
+    got: list[DeliveredMessage] = []
+    deliver_directly(channel, got.append)  # type: ignore[arg-type]
+    await _put(channel, [*_frames(1, b"a", consumer="gone"), *_frames(2, b"b")])
+    channel.is_closed = True
+    await _put(channel, _frames(3, b"c"))
+    assert [m.delivery_tag for m in got] == [2] and channel.queued() == []
+
+
+async def test_a_failing_callback_in_the_connections_reader_is_said_and_it_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    channel = _Queued()
+    calls = []
+
+    def fails(message: DeliveredMessage) -> None:
+        calls.append(message.delivery_tag)
+        raise ValueError("sequence number 1 seen twice")
+
+    deliver_directly(channel, fails)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, "hashq._io.direct"):
+        await _put(channel, [*_frames(1, b"a"), *_frames(2, b"b")])
+    assert calls == [1, 2]
+    assert [r.getMessage() for r in caplog.records] == ["a delivery's callback failed"] * 2
+
+
+async def test_a_frame_out_of_place_is_queued_behind_the_delivery_it_interrupts() -> None:
+    """The channel's reader then fails the channel, as aiormq's would (above)."""
+    channel = _Queued()
+    deliver_directly(channel, lambda message: None)  # type: ignore[arg-type]
+    deliver, header, _ = _frames(1, b"ab")
+    stray = _deliver(2)
+    await _put(channel, [deliver, header, stray])
+    assert channel.queued() == [deliver, header, stray]

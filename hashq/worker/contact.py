@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 from aio_pika.abc import AbstractConnection
@@ -27,13 +28,25 @@ SILENT_LIMIT_SECONDS = 10.0
 
 
 class ContactKeeper:
-    """The contact of the worker's current connection, and the task that keeps it."""
+    """The contact of the worker's current connection, and the task that keeps it.
+
+    A contact that lapses while the broker answers, only late, holds every start until the next
+    answer: the worker says so once in its log, and counts it (``round_trip_seconds``,
+    ``lapsed_seconds``, in its metrics). The usual cause is the worker's own backlog: the
+    broker's answer is read after every delivery sent before it, so with more deliveries in
+    flight (``HASHQ_PREFETCH`` times the buckets held) than the worker handles in
+    ``BROKER_CONTACT_SECONDS - RENEW_SECONDS``, each answer comes too late (docs/operations.md).
+    """
 
     def __init__(self) -> None:
         self._contact = BrokerContact()
         self._renewed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._answered_at = time.monotonic()  # when the last round trip was answered
+        self.round_trip_seconds = 0.0  # the last one's
+        self._lapsed = 0.0  # seconds with starts held, counted up to ``_counted_to``
+        self._counted_to = -math.inf
+        self._said = False
 
     def start(self, connection: AbstractConnection) -> None:
         """Keep a fresh contact on ``connection`` (the previous one's is forgotten)."""
@@ -49,6 +62,18 @@ class ContactKeeper:
     def heard(self) -> bool:
         """Whether a delivered message may start now."""
         return self._contact.fresh(time.monotonic())
+
+    def lapsed_seconds(self) -> float:
+        """Seconds in which the contact had lapsed while the worker waited for an answer, the
+        current lapse included (for ``hashq_broker_contact_lapsed_seconds``)."""
+        if self._task is None:  # no connection: not a lapse of the broker's answers
+            return self._lapsed
+        return self._lapsed + self._uncounted(self._contact, time.monotonic())
+
+    def _uncounted(self, contact: BrokerContact, now: float) -> float:
+        """The part of the current lapse not counted yet: an answer to a request sent long
+        before may leave the contact lapsed still."""
+        return min(contact.lapsed(now), now - self._counted_to)
 
     async def heard_again(self) -> None:
         """Until the broker answers the next round trip."""
@@ -79,7 +104,25 @@ class ContactKeeper:
         while True:
             sent = time.monotonic()
             await channel.set_qos(prefetch_count=0)
-            contact.answered(sent)
-            self._answered_at = time.monotonic()
-            self._renewed.set()
+            self._answered(contact, sent, time.monotonic())
             await asyncio.sleep(max(0.0, sent + RENEW_SECONDS - time.monotonic()))
+
+    def _answered(self, contact: BrokerContact, sent: float, now: float) -> None:
+        lapse = self._uncounted(contact, now)
+        self._counted_to = now
+        contact.answered(sent)
+        self._answered_at, self.round_trip_seconds = now, now - sent
+        self._renewed.set()
+        if not lapse:
+            return
+        self._lapsed += lapse
+        if not self._said:
+            self._said = True
+            log.warning(
+                "RabbitMQ answered this worker %.2fs after it asked: no delivered message "
+                "started for %.2fs (counted in hashq_broker_contact_lapsed_seconds, not said "
+                "again). If the worker is busy, the answer waited behind deliveries not read "
+                "yet: fewer in flight (HASHQ_PREFETCH times the buckets held) shorten the wait",
+                now - sent,
+                lapse,
+            )

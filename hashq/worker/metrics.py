@@ -65,6 +65,14 @@ class LeaseGauges(Protocol):
     def markers_held(self) -> int: ...
 
 
+class ContactGauges(Protocol):
+    """What the metrics read of the broker contact (``hashq.worker.contact.ContactKeeper``)."""
+
+    round_trip_seconds: float
+
+    def lapsed_seconds(self) -> float: ...
+
+
 class WorkerMetrics(Collector):
     """The worker's counts; the runners and the worker report into it."""
 
@@ -83,6 +91,7 @@ class WorkerMetrics(Collector):
         self.state = states[0]
         self.states = states
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.contact_lapsed: Callable[[], float] = lambda: 0.0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         describe_process(self.registry, "worker")
@@ -93,8 +102,12 @@ class WorkerMetrics(Collector):
         leases: Callable[[], Iterable[LeaseGauges]],
         zk_connected: Callable[[], bool],
         starved: Callable[[], int] = lambda: 0,
+        contact: ContactGauges | None = None,
     ) -> None:
-        """The gauges, as functions of the worker's state called at scrape time."""
+        """The gauges (and the contact's lapses), as functions of the worker's state called at
+        scrape time."""
+        if contact is not None:
+            self.contact_lapsed = contact.lapsed_seconds
         self.gauges = {
             "hashq_grants_held": ("Buckets this worker consumes", grants),
             "hashq_messages_in_flight": (
@@ -122,6 +135,10 @@ class WorkerMetrics(Collector):
                 "Buckets consumed that start nothing: their parked keys could not be read from "
                 "ZooKeeper yet",
                 lambda: sum(lease.parking_unread is not None for lease in leases()),
+            ),
+            "hashq_broker_round_trip_seconds": (
+                "The last round trip of the worker's broker contact (hashq.worker.contact)",
+                lambda: contact.round_trip_seconds if contact is not None else 0.0,
             ),
             "hashq_resize_markers_held": (
                 "Resize markers delivered and not passed yet: what came before them is not "
@@ -167,6 +184,12 @@ class WorkerMetrics(Collector):
         yield self.drain_seconds.family("hashq_drain_seconds", "From revocation to release")
         yield CounterMetricFamily(
             "hashq_handovers", "Buckets this worker drained and released", value=self.handovers
+        )
+        yield CounterMetricFamily(
+            "hashq_broker_contact_lapsed_seconds",
+            "Seconds in which the worker started no delivered message because RabbitMQ had not "
+            "answered it lately (hashq.worker.contact)",
+            value=self.contact_lapsed(),
         )
         yield CounterMetricFamily(
             "hashq_consumer_timeouts",

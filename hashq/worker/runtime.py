@@ -89,6 +89,7 @@ class Worker:
             leases=self._leases.values,
             zk_connected=lambda: self.machine.zk_link,
             starved=lambda: len(self._starvation.starved),
+            contact=self._contact,
         )
         self._runners = Runners.for_worker(  # after the metrics, which they count into
             settings, handler, self._dead_letters, self.metrics, self._watchdog.awake, self._contact
@@ -376,9 +377,8 @@ class Worker:
     async def _close_all(self) -> None:
         """Exiting: tasks still under way (a release, a handler thread) get a bounded time."""
         if self._tasks:
-            _, stuck = await asyncio.wait(
-                set(self._tasks), timeout=self.settings.zk_session_timeout
-            )
+            within = self.settings.zk_session_timeout
+            _, stuck = await asyncio.wait(set(self._tasks), timeout=within)
             for task in stuck:
                 task.cancel()
         await asyncio.gather(*(lease.close() for lease in self._leases.values()))

@@ -1,7 +1,8 @@
 """A worker starts nothing it was delivered once the broker has not answered it for
 ``BROKER_CONTACT_SECONDS`` (``hashq.worker.contact``), against a real broker stopped with SIGSTOP
 under load: its connection stays open and its prefetched messages are at hand, yet it starts
-none of them until the broker answers again, and nothing is lost or reordered."""
+none of them until the broker answers again, nothing is lost or reordered, and it counts the
+time it held its starts (``hashq_broker_contact_lapsed_seconds``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from hashq.records import BROKER_CONTACT_SECONDS
 from hashq.settings import Settings
 from tests.support.grants import Grants
+from tests.support.helpers import free_port, scrape, total
 from tests.support.services import Endpoints
 from tests.support.workers import WorkerProcess, read_appended, wait_for_executions
 from tests.support.workload import publish, workload
@@ -35,7 +37,8 @@ async def test_a_worker_starts_nothing_once_the_broker_stops_answering(
         pytest.skip("needs the local broker, to stop it")
     cluster("c1")
     # 4 handlers of 0-50 ms at once: what it holds (32 per bucket) lasts several seconds.
-    cluster("w1", HASHQ_TEST_DELAY_MS="50", HASHQ_CONCURRENCY="4")
+    port = free_port()
+    cluster("w1", HASHQ_TEST_DELAY_MS="50", HASHQ_CONCURRENCY="4", HASHQ_METRICS_PORT=str(port))
     await eventually(lambda: zk_view.all_granted(initialized.buckets, {"w1"}))
     messages, expected = workload(keys=200, per_key=10)
     await publish(initialized, messages)
@@ -56,3 +59,9 @@ async def test_a_worker_starts_nothing_once_the_broker_stops_answering(
     print(f"broker stopped: {len(went_on)} starts within the bound, then {len(late)}")
     assert went_on, "it held nothing to start: the test shows nothing"
     assert late == [], f"started {len(late)} messages after the broker stopped answering"
+    # It says how long it held its starts, and how late the broker's answer came.
+    lapsed = total(scrape(port), "hashq_broker_contact_lapsed_seconds_total")
+    after = [round(s - resumed, 2) for s in starts if s > resumed][:3]
+    print(f"starts held {lapsed:.2f}s in all; first starts after resume {after}")
+    assert STOPPED_SECONDS - BROKER_CONTACT_SECONDS - 1 < lapsed < time.time() - stopped, lapsed
+    await eventually(lambda: total(scrape(port), "hashq_broker_round_trip_seconds") < 0.5)

@@ -5,6 +5,7 @@ after the broker last answered it, which the early grant waits out."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,7 @@ from hashq.records import (
     BucketState,
     queue_holds_nothing,
 )
+from hashq.worker.contact import ContactKeeper
 from hashq.worker.machine.contact import BrokerContact
 from hashq_coordinator.machine import events as cm
 from hashq_coordinator.machine.core import CoordinatorMachine
@@ -190,3 +192,33 @@ async def test_runners_start_nothing_while_the_broker_has_not_answered_lately() 
     assert handler.began == ["m1"]
     handler.release.set()
     await runners.close()
+
+
+def test_a_contact_counts_how_long_it_has_lapsed_once_it_was_answered() -> None:
+    contact = BrokerContact()
+    assert contact.lapsed(100.0) == 0.0  # starting: nothing answered yet, nothing lapsed
+    contact.answered(10.0)
+    assert contact.lapsed(10.0 + BROKER_CONTACT_SECONDS - 0.01) == 0.0
+    assert contact.lapsed(12.0) == pytest.approx(2.0 - BROKER_CONTACT_SECONDS)
+
+
+def test_a_keeper_says_once_that_its_contact_lapsed_and_counts_every_lapse(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    keeper, contact = ContactKeeper(), BrokerContact()
+    with caplog.at_level(logging.WARNING, "hashq.worker.contact"):
+        keeper._answered(contact, 0.0, 0.1)  # in time: nothing lapsed
+        keeper._answered(contact, 0.2, 0.9)  # fresh until 0.5: held 0.4 s, and still (to 0.7)
+        keeper._answered(contact, 1.0, 1.6)  # held on to 1.6: from 0.5 on, 1.1 s in all
+    assert keeper.round_trip_seconds == pytest.approx(0.6)
+    assert keeper.lapsed_seconds() == pytest.approx(1.1)
+    [said] = caplog.records
+    assert "answered this worker 0.70s after it asked" in said.getMessage()
+
+
+def test_an_answer_that_leaves_the_contact_lapsed_is_not_counted_twice() -> None:
+    keeper, contact = ContactKeeper(), BrokerContact()
+    keeper._answered(contact, 0.0, 0.1)
+    keeper._answered(contact, 0.2, 3.0)  # sent before a stop: lapsed from 0.5, and still
+    keeper._answered(contact, 3.0, 3.1)  # the next answer ends it
+    assert keeper.lapsed_seconds() == pytest.approx(2.6)

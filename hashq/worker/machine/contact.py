@@ -36,3 +36,10 @@ class BrokerContact:
     def fresh(self, now: float) -> bool:
         """Whether a delivered message of the connection may start at ``now``."""
         return now - self._sent_at < BROKER_CONTACT_SECONDS
+
+    def lapsed(self, now: float) -> float:
+        """How long, at ``now``, the contact has not been fresh since it last was: 0 while
+        fresh, and before anything was answered (starting, not lapsed)."""
+        if self._sent_at == -math.inf:
+            return 0.0
+        return max(0.0, now - self._sent_at - BROKER_CONTACT_SECONDS)

@@ -128,7 +128,8 @@ class _InReader:
             self._size += len(frame.value)
             if self._size >= (self._header.body_size or 0):
                 self._read()
-        else:  # out of place: queued behind what it interrupts, aiormq's reader fails the channel
+        else:  # out of place: queued after the frames it interrupts, for aiormq's reader to
+            # fail the channel on, as it would have
             held, self._held, self._header, self._size = self._held, [], None, 0
             for queued in (*held, item):
                 await self._queue_put(queued)

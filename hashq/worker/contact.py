@@ -120,7 +120,7 @@ class ContactKeeper:
             self._said = True
             log.warning(
                 "RabbitMQ answered this worker %.2fs after it asked: no delivered message "
-                "started for %.2fs (counted in hashq_broker_contact_lapsed_seconds, not said "
+                "could start for %.2fs (counted in hashq_broker_contact_lapsed_seconds, not said "
                 "again). If the worker is busy, the answer waited behind deliveries not read "
                 "yet: fewer in flight (HASHQ_PREFETCH times the buckets held) shorten the wait",
                 now - sent,

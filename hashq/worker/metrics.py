@@ -187,7 +187,7 @@ class WorkerMetrics(Collector):
         )
         yield CounterMetricFamily(
             "hashq_broker_contact_lapsed_seconds",
-            "Seconds in which the worker started no delivered message because RabbitMQ had not "
+            "Seconds in which the worker could start no delivered message because RabbitMQ had not "
             "answered it lately (hashq.worker.contact)",
             value=self.contact_lapsed(),
         )

@@ -95,24 +95,6 @@ async def test_a_delivery_to_a_cancelled_consumer_is_read_and_not_handed_over() 
     assert got == [] and channel._frames == []
 
 
-async def test_a_failing_callback_is_said_and_the_reader_goes_on(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    channel = _Channel([ContentHeader(body_size=0), ContentHeader(body_size=0)])
-    calls = []
-
-    def fails(message: DeliveredMessage) -> None:
-        calls.append(message.delivery_tag)
-        raise ValueError("sequence number 1 seen twice")
-
-    deliver_directly(channel, fails)  # type: ignore[arg-type]
-    with caplog.at_level(logging.ERROR, "hashq._io.direct"):
-        await channel._on_deliver_frame(_deliver(1))
-        await channel._on_deliver_frame(_deliver(2))
-    assert calls == [1, 2]
-    assert [r.getMessage() for r in caplog.records] == ["a delivery's callback failed"] * 2
-
-
 async def test_a_frame_out_of_place_fails_the_channel_as_aiormq_would() -> None:
     channel = _Channel([_deliver(2)])
     deliver_directly(channel, lambda message: None)  # type: ignore[arg-type]
@@ -221,19 +203,26 @@ async def test_a_delivery_to_a_cancelled_consumer_or_a_closed_channel_is_read_an
     assert [m.delivery_tag for m in got] == [2] and channel.queued() == []
 
 
-async def test_a_failing_callback_in_the_connections_reader_is_said_and_it_goes_on(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("reader", ["the channel's", "the connection's"])
+async def test_a_failing_callback_is_said_and_the_reader_goes_on(
+    reader: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    channel = _Queued()
     calls = []
 
     def fails(message: DeliveredMessage) -> None:
         calls.append(message.delivery_tag)
         raise ValueError("sequence number 1 seen twice")
 
-    deliver_directly(channel, fails)  # type: ignore[arg-type]
     with caplog.at_level(logging.ERROR, "hashq._io.direct"):
-        await _put(channel, [*_frames(1, b"a"), *_frames(2, b"b")])
+        if reader == "the channel's":
+            channel = _Channel([ContentHeader(body_size=0), ContentHeader(body_size=0)])
+            deliver_directly(channel, fails)  # type: ignore[arg-type]
+            await channel._on_deliver_frame(_deliver(1))
+            await channel._on_deliver_frame(_deliver(2))
+        else:
+            queued = _Queued()
+            deliver_directly(queued, fails)  # type: ignore[arg-type]
+            await _put(queued, [*_frames(1, b"a"), *_frames(2, b"b")])
     assert calls == [1, 2]
     assert [r.getMessage() for r in caplog.records] == ["a delivery's callback failed"] * 2
 

@@ -14,9 +14,13 @@ waiting on the socket, spends more per message too. A bucket lease's callback
   that queue alone, by one that reads a delivery's frames (``basic.deliver``, its content
   header, its body frames) as they come and calls the callback with the whole message, without
   queueing them. It does so only while the queue is empty: a frame still queued (a reply, a
-  cancel, a delivery begun there) is ahead of the delivery, which then goes behind it, so the
-  channel's frames are handled in the order they came. Everything else goes to the queue as
-  before.
+  cancel, a delivery begun there) is ahead of the delivery, which then goes behind it.
+  Everything else goes to the queue as before. A frame the channel's reader has taken but still
+  handles may be passed: a broker's ``basic.cancel`` waiting to be answered (its consumer is
+  forgotten before that wait, so a delivery read meanwhile is dropped, as aiormq drops it), a
+  ``channel.close`` (after which the broker sends nothing more). Two deliveries never pass each
+  other: the next one comes only after the last frame of the one before, and the channel's
+  reader finishes that one without waiting once it takes that frame.
 - **In the channel's reader**, for a delivery that went to the queue: the channel's
   ``_on_deliver_frame`` (aiormq 6 and 7 look it up on the channel each time) is replaced with
   one that reads the message as aiormq does and calls the callback, without aiormq's task.

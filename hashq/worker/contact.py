@@ -65,10 +65,18 @@ class ContactKeeper:
 
     def lapsed_seconds(self) -> float:
         """Seconds in which the contact had lapsed while the worker waited for an answer, the
-        current lapse included (for ``hashq_broker_contact_lapsed_seconds``)."""
-        if self._task is None:  # no connection: not a lapse of the broker's answers
+        current lapse included (for ``hashq_broker_contact_lapsed_seconds``): never less than
+        before, since a lapse cut short by the connection's end is counted up to that end."""
+        if self._task is None or self._task.done():  # no connection: no answer to wait for
             return self._lapsed
         return self._lapsed + self._uncounted(self._contact, time.monotonic())
+
+    def _count_lapse(self, contact: BrokerContact, now: float) -> float:
+        """Count the current lapse up to ``now``; the part newly counted."""
+        lapse = self._uncounted(contact, now)
+        self._lapsed += lapse
+        self._counted_to = now
+        return lapse
 
     def _uncounted(self, contact: BrokerContact, now: float) -> float:
         """The part of the current lapse not counted yet: an answer to a request sent long
@@ -81,6 +89,14 @@ class ContactKeeper:
         await self._renewed.wait()
 
     async def _keep(self, connection: AbstractConnection, contact: BrokerContact) -> None:
+        try:
+            await self._keep_while_open(connection, contact)
+        finally:  # stopped, or the connection ended: a lapse so far is counted
+            self._count_lapse(contact, time.monotonic())
+
+    async def _keep_while_open(
+        self, connection: AbstractConnection, contact: BrokerContact
+    ) -> None:
         while connection_usable(connection):
             if time.monotonic() - self._answered_at > SILENT_LIMIT_SECONDS:
                 log.warning(
@@ -108,15 +124,11 @@ class ContactKeeper:
             await asyncio.sleep(max(0.0, sent + RENEW_SECONDS - time.monotonic()))
 
     def _answered(self, contact: BrokerContact, sent: float, now: float) -> None:
-        lapse = self._uncounted(contact, now)
-        self._counted_to = now
+        lapse = self._count_lapse(contact, now)
         contact.answered(sent)
         self._answered_at, self.round_trip_seconds = now, now - sent
         self._renewed.set()
-        if not lapse:
-            return
-        self._lapsed += lapse
-        if not self._said:
+        if lapse and not self._said:
             self._said = True
             log.warning(
                 "RabbitMQ answered this worker %.2fs after it asked: no delivered message "

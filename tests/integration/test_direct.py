@@ -50,7 +50,10 @@ async def test_deliveries_are_handed_over_whole_and_in_order(settings: Settings)
                 await eventually(lambda: len(got) >= first + GROUP, 10)  # noqa: B023
         assert [body for body, _ in got] == bodies
         readers = {reader for _, reader in got}
-        assert readers == {"Connection.__reader", "Channel._reader"}, readers
+        # The groups come to an idle channel: read in the connection's reader. Which reader took
+        # the backlog depends on where the socket's reads fall: both happen.
+        assert "Connection.__reader" in readers, readers
+        assert readers <= {"Connection.__reader", "Channel._reader"}, readers
     finally:
         await connection.close()
 

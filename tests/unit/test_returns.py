@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 
 import pytest
@@ -222,3 +223,23 @@ def test_an_answer_that_leaves_the_contact_lapsed_is_not_counted_twice() -> None
     keeper._answered(contact, 0.2, 3.0)  # sent before a stop: lapsed from 0.5, and still
     keeper._answered(contact, 3.0, 3.1)  # the next answer ends it
     assert keeper.lapsed_seconds() == pytest.approx(2.6)
+
+
+async def test_a_lapse_cut_short_by_the_connections_end_is_counted_and_never_taken_back() -> None:
+    """``hashq_broker_contact_lapsed_seconds`` is a counter: a lapse under way when the
+    connection ends (the keeper stopped) stays counted, and the count never falls."""
+    keeper, contact = ContactKeeper(), BrokerContact()
+    contact.answered(time.monotonic() - 2.0)  # sent 2 s ago: lapsed for 1.5 s
+    keeper._contact = contact
+
+    async def open_until_stopped(connection: object, contact: BrokerContact) -> None:
+        await asyncio.Event().wait()
+
+    keeper._keep_while_open = open_until_stopped  # type: ignore[method-assign]
+    task = keeper._task = asyncio.ensure_future(keeper._keep(None, contact))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    during = keeper.lapsed_seconds()
+    keeper.stop()
+    await asyncio.wait({task})
+    after = keeper.lapsed_seconds()
+    assert 2.0 - BROKER_CONTACT_SECONDS - 0.1 < during <= after < 2.0
